@@ -1,0 +1,156 @@
+"""Settings: the only module that reads the environment (and `.env`).
+
+Every variable of the spec (§8) keeps its name; ours start with `DL_` too. A bad value raises
+`ConfigError` whose message names the variable, so the service can stop with one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from dataloader.exceptions import ConfigError
+
+#: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
+_DSN_SCHEMES = ("postgresql+asyncpg://", "postgresql://", "postgres://")
+
+
+class WorkerSpec(BaseModel):
+    """One entry of `WORKERS_JSON`: serve `queue` with `concurrency` parallel slots."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue: Annotated[str, Field(min_length=1, max_length=200)]
+    concurrency: Annotated[int, Field(ge=1, le=10_000)]
+
+
+class Settings(BaseSettings):
+    """Service configuration. Field `x` is read from `DL_X` unless an alias says otherwise."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DL_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    db_dsn: str | None = Field(
+        default=None,
+        description="PostgreSQL DSN; unset starts an embedded PostgreSQL under DL_DATA_DIR.",
+    )
+    workers: Annotated[list[WorkerSpec], NoDecode] = Field(
+        default_factory=lambda: [WorkerSpec(queue="default", concurrency=4)],
+        validation_alias=AliasChoices("WORKERS_JSON", "workers"),
+        description='Queues served by this process, e.g. [{"queue":"load.cbr","concurrency":2}].',
+    )
+    heartbeat_sec: float = Field(default=10, gt=0, description="Lease extension period.")
+    default_lease_ttl_sec: int = Field(
+        default=60, gt=0, le=2_147_483_647, description="Lease of jobs triggered without one."
+    )
+    reaper_period_sec: float = Field(default=10, gt=0, description="Expired-lease sweep period.")
+    claim_backoff_sec: float = Field(
+        default=15, ge=0, description="Delay before retrying a job whose lock_key is busy."
+    )
+    retry_base_sec: float = Field(
+        default=30, ge=0, description="Retry delay = DL_RETRY_BASE_SEC x attempt."
+    )
+    http_host: str = Field(default="127.0.0.1", min_length=1)
+    http_port: int = Field(default=8000, ge=0, le=65_535)
+    pipeline_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated modules imported at start to register pipelines.",
+    )
+    shutdown_timeout_sec: float = Field(
+        default=30, ge=0, description="Grace period for running jobs on SIGTERM."
+    )
+    auto_migrate: bool = Field(default=True, description="Apply migrations at start.")
+    data_dir: Path = Field(default=Path(".dataloader"), description="Embedded PostgreSQL home.")
+    log_level: str = Field(default="INFO", description="Root log level.")
+    poll_interval_sec: float = Field(
+        default=5, gt=0, description="Safety poll when no notification arrives (jittered)."
+    )
+    db_pool_size: int = Field(default=10, ge=2, le=1000, description="Queue pool connections.")
+
+    @field_validator("db_dsn")
+    @classmethod
+    def _check_dsn(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if not value.startswith(_DSN_SCHEMES):
+            raise ValueError("must start with postgresql:// or postgresql+asyncpg://")
+        return value
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _parse_workers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+        if not isinstance(value, list):
+            raise ValueError('must be a JSON list like [{"queue": "default", "concurrency": 1}]')
+        return value
+
+    @field_validator("workers")
+    @classmethod
+    def _unique_queues(cls, value: list[WorkerSpec]) -> list[WorkerSpec]:
+        seen: set[str] = set()
+        for spec in value:
+            if spec.queue in seen:
+                raise ValueError(f"queue {spec.queue!r} is listed twice")
+            seen.add(spec.queue)
+        return value
+
+    @field_validator("pipeline_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
+
+    @property
+    def asyncpg_dsn(self) -> str | None:
+        """The DSN in the libpq form asyncpg accepts (no `+asyncpg`)."""
+        if self.db_dsn is None:
+            return None
+        return "postgresql://" + self.db_dsn.split("://", 1)[1]
+
+    @property
+    def total_slots(self) -> int:
+        """Worker slots over all served queues."""
+        return sum(spec.concurrency for spec in self.workers)
+
+
+def env_name(field: str) -> str:
+    """The environment variable that feeds settings field `field`."""
+    if field in ("workers", "WORKERS_JSON"):
+        return "WORKERS_JSON"
+    return f"DL_{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings, turning validation errors into one `ConfigError` line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        variable = env_name(loc[0]) if loc else "configuration"
+        where = f" (item {'.'.join(loc[1:])})" if len(loc) > 1 else ""
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{variable}{where}: {message}") from None
