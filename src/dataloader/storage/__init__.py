@@ -1,0 +1,1 @@
+"""PostgreSQL access: every SQL statement of dataloader lives in this package."""

@@ -1,0 +1,74 @@
+"""Connections: the asyncpg pool and dedicated connections of the queue, and the SQLAlchemy
+async engine/sessionmaker the spec's AppContext offers to pipelines."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+if TYPE_CHECKING:  # asyncpg's classes are generic only in its type stubs
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record]
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+else:
+    Connection = asyncpg.Connection
+    Pool = asyncpg.Pool
+
+#: Errors that mean "the database or the connection is gone", as opposed to a bad statement.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+    TimeoutError,
+)
+
+
+async def _init_connection(conn: Connection) -> None:
+    """jsonb in and out as Python objects (asyncpg's default is text)."""
+    for type_name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Connection:
+    """A dedicated connection (listener, lock holder, migrations)."""
+    conn: Connection = await asyncpg.connect(
+        dsn, timeout=timeout, server_settings={"application_name": application_name}
+    )
+    await _init_connection(conn)
+    return conn
+
+
+async def create_pool(dsn: str, size: int, application_name: str) -> Pool:
+    """The pool behind the API and the workers' short statements."""
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        init=_init_connection,
+        timeout=10.0,
+        server_settings={"application_name": application_name},
+    )
+    return pool
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """SQLAlchemy's spelling of a libpq DSN (driver asyncpg)."""
+    return "postgresql+asyncpg://" + dsn.split("://", 1)[1]
+
+
+def create_engine(dsn: str, **kwargs: Any) -> AsyncEngine:
+    """The spec's async engine; it connects lazily, so an unused engine costs no connection."""
+    return create_async_engine(sqlalchemy_url(dsn), pool_pre_ping=True, **kwargs)
+
+
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions for pipelines writing to target databases."""
+    return async_sessionmaker(engine, expire_on_commit=False)

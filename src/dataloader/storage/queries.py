@@ -1,0 +1,343 @@
+"""Every SQL statement dataloader runs, one named constant each.
+
+Rules kept by all statements below:
+* times come from the database clock (`now()`), never from the worker;
+* every write after a claim is fenced on `status = 'running'` and the claimed `attempt`, so a
+  worker whose lease was reaped can never overwrite the job's new owner;
+* a state change and its `dl_job_events` row are written by the same statement.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Channel of the spec's trigger: payload = queue name of a job that became ready.
+JOBS_CHANNEL: Final = "dl_jobs"
+#: Our channel for cancel requests of running jobs: payload = job_id.
+CANCEL_CHANNEL: Final = "dl_jobs_cancel"
+
+# --- producers ---------------------------------------------------------------------------------
+
+#: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
+#: Returns no row on an idempotency conflict (then read the existing job with JOB_BY_IDEMPOTENCY).
+INSERT_JOB: Final = """
+WITH ins AS (
+    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
+                         priority, available_at, max_attempts, lease_ttl_sec, producer,
+                         consumer_group)
+    VALUES (gen_random_uuid(), $1, $2, $3::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9, $10,
+            $11, $12)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING job_id, queue, status, available_at
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
+)
+SELECT job_id, status::text AS status, true AS created FROM ins
+"""
+
+#: The job holding an idempotency key.
+JOB_BY_IDEMPOTENCY: Final = """
+SELECT job_id, status::text AS status, false AS created FROM dl_jobs WHERE idempotency_key = $1
+"""
+
+# --- readers -------------------------------------------------------------------------------
+
+#: One job's public state.
+JOB_STATUS: Final = """
+SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
+       created_at, available_at, started_at, finished_at, heartbeat_at, error, progress
+FROM dl_jobs WHERE job_id = $1
+"""
+
+#: Job counts per queue and status (for /status).
+QUEUE_COUNTS: Final = """
+SELECT queue, status::text AS status, count(*) AS n FROM dl_jobs GROUP BY queue, status
+"""
+
+#: A job's journal, oldest first.
+JOB_EVENTS: Final = """
+SELECT event_id, kind, ts, payload FROM dl_job_events WHERE job_id = $1 ORDER BY event_id
+"""
+
+# --- cancel --------------------------------------------------------------------------------
+
+#: Cancel: a queued job becomes `canceled` at once; a running one gets `cancel_requested`.
+#: Finished jobs (and already-requested ones) are left alone. Returns the new status if changed.
+CANCEL_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET cancel_requested = true,
+        status = CASE WHEN status = 'queued' THEN 'canceled'::dl_status ELSE status END,
+        finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
+    WHERE job_id = $1
+      AND (status = 'queued' OR (status = 'running' AND NOT cancel_requested))
+    RETURNING job_id, queue, status, attempt
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue,
+           CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'cancel_requested' END,
+           jsonb_build_object('attempt', attempt, 'by', 'api')
+    FROM upd
+)
+SELECT status::text AS status FROM upd
+"""
+
+#: Wake the worker running a job whose cancel was just requested.
+NOTIFY_CANCEL: Final = "SELECT pg_notify('dl_jobs_cancel', $1::text)"
+
+# --- workers: claim ----------------------------------------------------------------------------
+
+#: Claim up to $2 ready jobs of queue $1 (the spec's CTE, batched). Jobs whose lock_key is
+#: already running are skipped (they would only back off), and one job per lock_key is taken
+#: per batch. Journals `picked`. $3 = worker id.
+CLAIM_JOBS: Final = """
+WITH candidates AS (
+    SELECT j.job_id, j.lock_key, j.priority, j.created_at
+    FROM dl_jobs j
+    WHERE j.status = 'queued' AND j.queue = $1 AND j.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM dl_jobs r WHERE r.status = 'running' AND r.lock_key = j.lock_key)
+    ORDER BY j.priority ASC, j.created_at ASC
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT DISTINCT ON (lock_key) job_id FROM candidates ORDER BY lock_key, priority, created_at
+), claimed AS (
+    UPDATE dl_jobs j
+    SET status = 'running',
+        started_at = COALESCE(j.started_at, now()),
+        attempt = j.attempt + 1,
+        lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec),
+        heartbeat_at = now()
+    FROM picked
+    WHERE j.job_id = picked.job_id
+    RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
+              j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
+              j.lease_ttl_sec, j.cancel_requested
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+    FROM claimed
+)
+SELECT * FROM claimed ORDER BY priority, created_at
+"""
+
+#: Seconds until the earliest delayed job of queue $1 becomes due (NULL: none).
+NEXT_DUE_IN: Final = """
+SELECT EXTRACT(EPOCH FROM min(available_at) - now())::float8 AS seconds
+FROM dl_jobs WHERE status = 'queued' AND queue = $1 AND available_at > now()
+"""
+
+#: Busy lock_key: hand the job back for $3 seconds and refund the attempt (it never ran).
+BACKOFF_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET status = 'queued',
+        attempt = attempt - 1,
+        available_at = now() + make_interval(secs => $3::float8),
+        lease_expires_at = NULL,
+        started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
+        heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
+    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    RETURNING job_id, queue
+)
+INSERT INTO dl_job_events (job_id, queue, kind, payload)
+SELECT job_id, queue, 'backoff',
+       jsonb_build_object('attempt', $2::int, 'worker', $4::text, 'delay_sec', $3::float8)
+FROM upd
+RETURNING job_id
+"""
+
+# --- workers: while running --------------------------------------------------------------------
+
+#: Extend the leases of many running jobs at once ($1 ids, $2 attempts); journal a `heartbeat`
+#: for those flagged in $3 (throttled by the caller). Returns the jobs still ours and whether
+#: their cancel was requested; a missing job is no longer ours.
+HEARTBEAT_JOBS: Final = """
+WITH beat AS (
+    UPDATE dl_jobs j
+    SET heartbeat_at = now(),
+        lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec)
+    FROM unnest($1::uuid[], $2::int[], $3::bool[]) AS t(job_id, attempt, journal)
+    WHERE j.job_id = t.job_id AND j.status = 'running' AND j.attempt = t.attempt
+    RETURNING j.job_id, j.queue, j.attempt, j.cancel_requested, t.journal
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'heartbeat', jsonb_build_object('attempt', attempt, 'worker', $4::text)
+    FROM beat WHERE journal
+)
+SELECT job_id, cancel_requested FROM beat
+"""
+
+#: Store a running job's progress. Returns cancel_requested, or no row if the job is not ours.
+SET_PROGRESS: Final = """
+UPDATE dl_jobs SET progress = $3::jsonb
+WHERE job_id = $1 AND status = 'running' AND attempt = $2
+RETURNING cancel_requested
+"""
+
+# --- workers: finish ---------------------------------------------------------------------------
+
+#: Success (spec §6.3), fenced. Clears the error text a failed earlier attempt left behind.
+COMPLETE_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, error = NULL
+    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    RETURNING job_id, queue, attempt, started_at, finished_at
+)
+INSERT INTO dl_job_events (job_id, queue, kind, payload)
+SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+FROM upd
+RETURNING job_id
+"""
+
+#: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
+#: error is retryable ($4), else `failed`; a job whose cancel was requested ends `canceled`.
+FAIL_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
+                      WHEN $4 AND attempt < max_attempts THEN 'queued'::dl_status
+                      ELSE 'failed'::dl_status END,
+        available_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
+                            THEN now() + make_interval(secs => $5::float8 * attempt)
+                            ELSE now() END,
+        error = $3,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
+                           THEN NULL ELSE now() END
+    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    RETURNING job_id, queue, status, attempt, available_at
+)
+INSERT INTO dl_job_events (job_id, queue, kind, payload)
+SELECT job_id, queue,
+       CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'failed' END,
+       jsonb_build_object('attempt', attempt, 'worker', $6::text, 'error', $3::text,
+                          'reason', 'error', 'retry_at', CASE WHEN status = 'queued'
+                                                          THEN available_at END)
+FROM upd
+RETURNING kind
+"""
+
+#: The pipeline stopped on a cancel request: `canceled`, fenced.
+CANCEL_RUNNING_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL
+    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    RETURNING job_id, queue, attempt
+)
+INSERT INTO dl_job_events (job_id, queue, kind, payload)
+SELECT job_id, queue, 'canceled', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+FROM upd
+RETURNING job_id
+"""
+
+#: Hand a running job back to the queue, fenced. $3 = refund the attempt (the run was cut short
+#: by our own shutdown, not by the job); without a refund, a job on its last attempt is `lost`.
+#: $5 = reason for the journal.
+RELEASE_JOB: Final = """
+WITH upd AS (
+    UPDATE dl_jobs
+    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
+                      WHEN $3 OR attempt < max_attempts THEN 'queued'::dl_status
+                      ELSE 'lost'::dl_status END,
+        attempt = CASE WHEN $3 THEN attempt - 1 ELSE attempt END,
+        available_at = now(),
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN cancel_requested OR NOT ($3 OR attempt < max_attempts)
+                           THEN now() END,
+        error = CASE WHEN NOT cancel_requested AND NOT ($3 OR attempt < max_attempts)
+                     THEN $5 ELSE error END
+    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    RETURNING job_id, queue, status, attempt
+)
+INSERT INTO dl_job_events (job_id, queue, kind, payload)
+SELECT job_id, queue,
+       CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'lost' END,
+       jsonb_build_object('attempt', attempt, 'worker', $4::text, 'reason', $5::text)
+FROM upd
+RETURNING kind
+"""
+
+# --- reaper --------------------------------------------------------------------------------
+
+#: Expired leases (spec §6.5), at most $1 per call: back to `queued`, or `lost` when the lease
+#: expired on the last attempt, or `canceled` when cancel was requested. $2 = reaper id.
+REAP_EXPIRED: Final = """
+WITH expired AS (
+    SELECT job_id FROM dl_jobs
+    WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE dl_jobs j
+    SET status = CASE WHEN j.cancel_requested THEN 'canceled'::dl_status
+                      WHEN j.attempt < j.max_attempts THEN 'queued'::dl_status
+                      ELSE 'lost'::dl_status END,
+        available_at = now(),
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+                           THEN now() END,
+        error = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+                     THEN 'lease expired on the last attempt' ELSE j.error END
+    FROM expired
+    WHERE j.job_id = expired.job_id
+    RETURNING j.job_id, j.queue, j.status, j.attempt
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue,
+           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'lost' END,
+           jsonb_build_object('attempt', attempt, 'reaper', $2::text, 'reason', 'lease expired')
+    FROM upd
+)
+SELECT job_id, status::text AS status FROM upd
+"""
+
+# --- advisory locks (on the lock-holding connection) --------------------------------------------
+
+#: Try the session-level advisory locks of several lock_key hashes (`hashtext(lock_key)`, the
+#: spec's key space) in one round trip.
+TRY_ADVISORY_LOCKS: Final = """
+SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest($1::bigint[]) AS h
+"""
+
+#: Release one session-level advisory lock.
+ADVISORY_UNLOCK: Final = "SELECT pg_advisory_unlock($1::bigint)"
+
+#: Liveness probe of a dedicated connection.
+PING: Final = "SELECT 1"
+
+# --- migrations ----------------------------------------------------------------------------
+
+#: Serialises migrations across replicas (session-level lock, key = hashtext of our name).
+MIGRATION_LOCK: Final = "SELECT pg_advisory_lock(hashtext('dataloader.migrate'))"
+MIGRATION_UNLOCK: Final = "SELECT pg_advisory_unlock(hashtext('dataloader.migrate'))"
+
+CREATE_MIGRATIONS_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS dl_schema_migrations (
+    version int PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    adopted boolean NOT NULL DEFAULT false
+)
+"""
+
+APPLIED_MIGRATIONS: Final = "SELECT version FROM dl_schema_migrations ORDER BY version"
+
+RECORD_MIGRATION: Final = """
+INSERT INTO dl_schema_migrations (version, name, adopted) VALUES ($1, $2, $3)
+"""
+
+#: Which of the spec's objects already exist (a database the customer prepared by hand).
+SPEC_OBJECTS_PRESENT: Final = """
+SELECT to_regclass('dl_jobs') IS NOT NULL AS jobs,
+       to_regclass('dl_job_events') IS NOT NULL AS events,
+       to_regtype('dl_status') IS NOT NULL AS status_type
+"""
+
+#: Create a database (the embedded server's); the name is ours, never user input.
+DATABASE_EXISTS: Final = "SELECT 1 FROM pg_database WHERE datname = $1"

@@ -1,0 +1,289 @@
+"""Typed operations on the queue; each runs one named statement from `queries`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dataloader.base import JobStatus
+from dataloader.storage import queries
+from dataloader.storage.db import Connection, Pool
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """What a producer asks for (spec §5 trigger input, plus optional per-job limits)."""
+
+    queue: str
+    task: str
+    lock_key: str
+    args: dict[str, Any]
+    idempotency_key: str | None = None
+    partition_key: str = ""
+    priority: int = 100
+    available_at: datetime | None = None
+    max_attempts: int = 5
+    lease_ttl_sec: int = 60
+    producer: str | None = None
+    consumer_group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """The job a trigger created or found by its idempotency key."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job's public state (spec §5 status output, plus a few columns)."""
+
+    job_id: uuid.UUID
+    queue: str
+    task: str
+    status: JobStatus
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    available_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    error: str | None
+    progress: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker now runs; `attempt` fences every later write."""
+
+    job_id: uuid.UUID
+    queue: str
+    task: str
+    args: dict[str, Any]
+    lock_key: str
+    lock_hash: int
+    partition_key: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_ttl_sec: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One row of the journal."""
+
+    event_id: int
+    kind: str
+    ts: datetime
+    payload: dict[str, Any] | None
+
+
+class JobRepository:
+    """Queue operations over a connection pool."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    # producers ---------------------------------------------------------------------------
+
+    async def enqueue(self, job: NewJob) -> EnqueueResult:
+        """Insert `job`, or return the job that already holds its idempotency key."""
+        async with self._pool.acquire() as conn:
+            return await enqueue(conn, job)
+
+    # readers -----------------------------------------------------------------------------
+
+    async def get(self, job_id: uuid.UUID) -> JobState | None:
+        """The job's state, or None when there is no such job."""
+        row = await self._pool.fetchrow(queries.JOB_STATUS, job_id)
+        return None if row is None else _job_state(row)
+
+    async def events(self, job_id: uuid.UUID) -> list[JobEvent]:
+        """The job's journal, oldest first."""
+        rows = await self._pool.fetch(queries.JOB_EVENTS, job_id)
+        return [JobEvent(r["event_id"], r["kind"], r["ts"], r["payload"]) for r in rows]
+
+    async def queue_counts(self) -> dict[str, dict[str, int]]:
+        """{queue: {status: count}} over the whole table."""
+        counts: dict[str, dict[str, int]] = {}
+        for row in await self._pool.fetch(queries.QUEUE_COUNTS):
+            counts.setdefault(row["queue"], {})[row["status"]] = row["n"]
+        return counts
+
+    async def cancel(self, job_id: uuid.UUID) -> JobState | None:
+        """Cancel a job (see `queries.CANCEL_JOB`) and return its state after the request."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            new_status = await conn.fetchval(queries.CANCEL_JOB, job_id)
+            if new_status == JobStatus.RUNNING:
+                await conn.execute(queries.NOTIFY_CANCEL, str(job_id))
+            row = await conn.fetchrow(queries.JOB_STATUS, job_id)
+        return None if row is None else _job_state(row)
+
+    # workers -----------------------------------------------------------------------------
+
+    async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
+        rows = await self._pool.fetch(queries.CLAIM_JOBS, queue, limit, worker_id)
+        return [
+            ClaimedJob(
+                job_id=r["job_id"],
+                queue=r["queue"],
+                task=r["task"],
+                args=r["args"],
+                lock_key=r["lock_key"],
+                lock_hash=r["lock_hash"],
+                partition_key=r["partition_key"],
+                priority=r["priority"],
+                attempt=r["attempt"],
+                max_attempts=r["max_attempts"],
+                lease_ttl_sec=r["lease_ttl_sec"],
+                cancel_requested=r["cancel_requested"],
+            )
+            for r in rows
+        ]
+
+    async def next_due_in(self, queue: str) -> float | None:
+        """Seconds until the queue's earliest delayed job is due, or None."""
+        value: float | None = await self._pool.fetchval(queries.NEXT_DUE_IN, queue)
+        return value
+
+    async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> bool:
+        """Busy lock: requeue after `delay_sec`, refunding the attempt. False if not ours."""
+        done = await self._pool.fetchval(
+            queries.BACKOFF_JOB, job.job_id, job.attempt, delay_sec, worker_id
+        )
+        return done is not None
+
+    async def heartbeat(
+        self, beats: Sequence[tuple[uuid.UUID, int, bool]], worker_id: str
+    ) -> dict[uuid.UUID, bool]:
+        """Extend leases of (job_id, attempt, journal?) triples; {job_id: cancel_requested}
+        for the jobs still ours."""
+        if not beats:
+            return {}
+        ids, attempts, journal = zip(*beats, strict=True)
+        rows = await self._pool.fetch(
+            queries.HEARTBEAT_JOBS, list(ids), list(attempts), list(journal), worker_id
+        )
+        return {r["job_id"]: r["cancel_requested"] for r in rows}
+
+    async def set_progress(
+        self, job_id: uuid.UUID, attempt: int, progress: dict[str, Any]
+    ) -> bool | None:
+        """Store progress; returns cancel_requested, or None when the job is not ours."""
+        value: bool | None = await self._pool.fetchval(
+            queries.SET_PROGRESS, job_id, attempt, progress
+        )
+        return value
+
+    async def complete(self, job_id: uuid.UUID, attempt: int, worker_id: str) -> bool:
+        """Mark succeeded; False when the job was no longer ours."""
+        done = await self._pool.fetchval(queries.COMPLETE_JOB, job_id, attempt, worker_id)
+        return done is not None
+
+    async def fail(
+        self,
+        job_id: uuid.UUID,
+        attempt: int,
+        error: str,
+        *,
+        retryable: bool,
+        retry_base_sec: float,
+        worker_id: str,
+    ) -> str | None:
+        """Retry or fail; returns the journal kind written (requeue/failed/canceled) or None."""
+        kind: str | None = await self._pool.fetchval(
+            queries.FAIL_JOB, job_id, attempt, error, retryable, retry_base_sec, worker_id
+        )
+        return kind
+
+    async def mark_canceled(self, job_id: uuid.UUID, attempt: int, worker_id: str) -> bool:
+        """The pipeline honoured a cancel request."""
+        done = await self._pool.fetchval(queries.CANCEL_RUNNING_JOB, job_id, attempt, worker_id)
+        return done is not None
+
+    async def release(
+        self, job_id: uuid.UUID, attempt: int, *, refund: bool, worker_id: str, reason: str
+    ) -> str | None:
+        """Hand a running job back (see `queries.RELEASE_JOB`); returns the journal kind."""
+        kind: str | None = await self._pool.fetchval(
+            queries.RELEASE_JOB, job_id, attempt, refund, worker_id, reason
+        )
+        return kind
+
+    async def reap_expired(self, batch: int, reaper_id: str) -> list[tuple[uuid.UUID, str]]:
+        """One reaper pass of at most `batch` jobs: [(job_id, new status)]."""
+        rows = await self._pool.fetch(queries.REAP_EXPIRED, batch, reaper_id)
+        return [(r["job_id"], r["status"]) for r in rows]
+
+
+async def enqueue(conn: Connection, job: NewJob) -> EnqueueResult:
+    """Insert `job` on `conn` (usable inside the caller's own transaction)."""
+    while True:
+        row = await conn.fetchrow(
+            queries.INSERT_JOB,
+            job.queue,
+            job.task,
+            job.args,
+            job.idempotency_key,
+            job.lock_key,
+            job.partition_key,
+            job.priority,
+            job.available_at,
+            job.max_attempts,
+            job.lease_ttl_sec,
+            job.producer,
+            job.consumer_group,
+        )
+        if row is None and job.idempotency_key is not None:
+            # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
+            # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
+            row = await conn.fetchrow(queries.JOB_BY_IDEMPOTENCY, job.idempotency_key)
+        if row is not None:
+            return EnqueueResult(row["job_id"], JobStatus(row["status"]), row["created"])
+
+
+async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:
+    """Session-level `pg_try_advisory_lock` of each hash on the lock-holding connection."""
+    rows = await conn.fetch(queries.TRY_ADVISORY_LOCKS, list(lock_hashes))
+    return {r["lock_hash"]: r["locked"] for r in rows}
+
+
+async def advisory_unlock(conn: Connection, lock_hash: int) -> bool:
+    """Release one session-level advisory lock; False if this session did not hold it."""
+    released: bool = await conn.fetchval(queries.ADVISORY_UNLOCK, lock_hash)
+    return released
+
+
+async def ping(conn: Connection) -> None:
+    """Round trip on a dedicated connection; raises if it is dead."""
+    await conn.fetchval(queries.PING)
+
+
+def _job_state(row: Any) -> JobState:
+    return JobState(
+        job_id=row["job_id"],
+        queue=row["queue"],
+        task=row["task"],
+        status=JobStatus(row["status"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        cancel_requested=row["cancel_requested"],
+        created_at=row["created_at"],
+        available_at=row["available_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        heartbeat_at=row["heartbeat_at"],
+        error=row["error"],
+        progress=row["progress"],
+    )
