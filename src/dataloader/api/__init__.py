@@ -1,0 +1,56 @@
+"""The FastAPI application: routes, middleware, error handlers, and a lifespan that opens the
+AppContext and runs the WorkerManager in the same process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from dataloader.api.middleware import RequestContextMiddleware
+from dataloader.api.os_router import package_version
+from dataloader.api.os_router import router as os_router
+from dataloader.api.v1.exceptions import install_exception_handlers
+from dataloader.api.v1.router import router as v1_router
+from dataloader.api.v1.service import JobsService
+from dataloader.config import Settings
+from dataloader.context import AppContext
+from dataloader.workers.manager import WorkerManager
+from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.pipelines.registry import registry as default_registry
+
+
+def create_app(
+    settings: Settings, registry: PipelineRegistry | None = None, *, run_workers: bool = True
+) -> FastAPI:
+    """Build the service. `run_workers=False` serves the API only."""
+    pipelines = registry if registry is not None else default_registry
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context = await AppContext.open(settings)
+        app.state.app_context = context
+        app.state.jobs_service = JobsService(context.repo, pipelines, settings)
+        app.state.manager = WorkerManager(context, pipelines) if run_workers else None
+        try:
+            if app.state.manager is not None:
+                await app.state.manager.start()
+            yield
+        finally:
+            if app.state.manager is not None:
+                await app.state.manager.stop(settings.shutdown_timeout_sec)
+            await context.close()
+
+    app = FastAPI(
+        title="dataloader",
+        version=package_version(),
+        description="PostgreSQL job queue: trigger, watch and cancel long-running jobs.",
+        lifespan=lifespan,
+    )
+    app.state.manager = None
+    app.add_middleware(RequestContextMiddleware)
+    install_exception_handlers(app)
+    app.include_router(os_router)
+    app.include_router(v1_router)
+    return app

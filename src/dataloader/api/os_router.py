@@ -1,0 +1,48 @@
+"""Infrastructure routes (spec §1, §9): `/health` for probes (no database) and `/status`."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import version
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from dataloader.storage.db import CONNECTION_ERRORS
+
+router = APIRouter(tags=["infra"])
+
+#: /status gives up on the database after this long (it is probed by humans and monitors).
+STATUS_DB_TIMEOUT_SEC = 3.0
+
+
+def package_version() -> str:
+    return version("dataloader")
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """Liveness/readiness: the process answers. Touches no database."""
+    return {"status": "ok"}
+
+
+@router.get("/status")
+async def status(request: Request) -> JSONResponse:
+    """Database reachability, job counts per queue and status, and this process's workers."""
+    state = request.app.state
+    body: dict[str, Any] = {
+        "version": package_version(),
+        "worker_id": state.manager.worker_id if state.manager else None,
+        "workers": [
+            {"queue": w.queue, "concurrency": w.concurrency, "busy": w.busy}
+            for w in (state.manager.queues.values() if state.manager else [])
+        ],
+    }
+    try:
+        counts = await asyncio.wait_for(state.app_context.repo.queue_counts(), STATUS_DB_TIMEOUT_SEC)
+    except CONNECTION_ERRORS:
+        body.update(status="degraded", database="unavailable")
+        return JSONResponse(status_code=503, content=body)
+    body.update(status="ok", database="ok", queues=counts)
+    return JSONResponse(content=body)

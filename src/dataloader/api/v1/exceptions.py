@@ -1,0 +1,44 @@
+"""Map dataloader's errors to HTTP answers: a client mistake is a 4xx with a clear message,
+an unavailable database a 503, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from dataloader.exceptions import DatabaseUnavailable, InvalidJobArgs, JobNotFound
+from dataloader.storage.db import CONNECTION_ERRORS
+
+log = logging.getLogger(__name__)
+
+
+async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+
+async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
+    # Same shape as FastAPI's own validation errors, so clients parse one format.
+    detail = [{"type": "invalid_args", "loc": ["body", "args"], "msg": str(exc)}]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    log.error("database unavailable: %r", exc)
+    return JSONResponse(status_code=503, content={"detail": "database unavailable"})
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=exc)
+    return JSONResponse(status_code=500, content={"detail": "internal error"})
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    """Register the handlers on `app`."""
+    app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(InvalidJobArgs, _invalid_args)
+    app.add_exception_handler(DatabaseUnavailable, _unavailable)
+    for error in CONNECTION_ERRORS:
+        app.add_exception_handler(error, _unavailable)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,40 @@
+"""API v1 routes (spec §5)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from dataloader.api.v1.schemas import ErrorResponse, JobStatusResponse, TriggerRequest, TriggerResponse
+from dataloader.api.v1.service import JobsService
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+def get_service(request: Request) -> JobsService:
+    service: JobsService = request.app.state.jobs_service
+    return service
+
+
+Service = Annotated[JobsService, Depends(get_service)]
+NOT_FOUND = {404: {"model": ErrorResponse, "description": "No job with this id"}}
+
+
+@router.post("/trigger", response_model=TriggerResponse)
+async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
+    """Enqueue a job; the same `idempotency_key` always returns the same job."""
+    return await service.trigger(body)
+
+
+@router.get("/{job_id}/status", response_model=JobStatusResponse, responses=NOT_FOUND)
+async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+    """A job's status, attempt, timings, error and progress."""
+    return await service.status(job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=JobStatusResponse, responses=NOT_FOUND)
+async def cancel(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+    """Cancel: queued jobs never run; running ones stop at their next cancellation check."""
+    return await service.cancel(job_id)

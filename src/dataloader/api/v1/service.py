@@ -1,0 +1,57 @@
+"""API v1 business logic: thin rules over the repository."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict
+
+from dataloader.config import Settings
+from dataloader.exceptions import JobNotFound
+from dataloader.storage.repositories import JobRepository, JobState, NewJob
+from dataloader.workers.pipelines.registry import PipelineRegistry
+
+from .schemas import JobStatusResponse, TriggerRequest, TriggerResponse
+
+
+class JobsService:
+    """Trigger, read and cancel jobs."""
+
+    def __init__(self, repo: JobRepository, registry: PipelineRegistry, settings: Settings) -> None:
+        self._repo = repo
+        self._registry = registry
+        self._settings = settings
+
+    async def trigger(self, request: TriggerRequest) -> TriggerResponse:
+        """Idempotent enqueue; args are checked when the task is registered in this process."""
+        self._registry.validate_args(request.task, request.args)
+        result = await self._repo.enqueue(
+            NewJob(
+                queue=request.queue,
+                task=request.task,
+                lock_key=request.lock_key,
+                args=request.args,
+                idempotency_key=request.idempotency_key,
+                partition_key=request.partition_key,
+                priority=request.priority,
+                available_at=request.available_at,
+                max_attempts=request.max_attempts,
+                lease_ttl_sec=request.lease_ttl_sec or self._settings.default_lease_ttl_sec,
+                producer=request.producer,
+                consumer_group=request.consumer_group,
+            )
+        )
+        return TriggerResponse(job_id=result.job_id, status=result.status)
+
+    async def status(self, job_id: uuid.UUID) -> JobStatusResponse:
+        """The job's state; JobNotFound if there is none."""
+        return _response(await self._repo.get(job_id))
+
+    async def cancel(self, job_id: uuid.UUID) -> JobStatusResponse:
+        """Cancel (queued → canceled; running → cancel requested; finished → unchanged)."""
+        return _response(await self._repo.cancel(job_id))
+
+
+def _response(state: JobState | None) -> JobStatusResponse:
+    if state is None:
+        raise JobNotFound("job not found")
+    return JobStatusResponse(**asdict(state))

@@ -1,0 +1,118 @@
+"""The `dataloader` command: `serve` (also `python -m dataloader`) and `migrate`.
+
+Start-up problems (bad settings, unreachable database, unknown pipeline module) end the process
+with one line on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from typing import NoReturn
+
+import typer
+import uvicorn
+
+from dataloader.config import Settings, load_settings
+from dataloader.context import resolve_dsn, run_migrations
+from dataloader.exceptions import ConfigError, DataloaderError
+from dataloader.logger import configure_logging
+from dataloader.logger.utils import mask_text
+from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
+from dataloader.storage.migrate import MigrationReport
+
+app = typer.Typer(add_completion=False, help="PostgreSQL job queue and job runner.")
+
+#: Always registered: used by the README and the tests.
+BUILTIN_PIPELINES = ("dataloader.workers.pipelines.demo",)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        _fail(f"invalid configuration: {exc}", 2)
+
+
+def import_pipelines(modules: list[str]) -> None:
+    """Import the modules that register pipelines; ConfigError names the culprit."""
+    for module in (*BUILTIN_PIPELINES, *modules):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any import-time failure is a configuration problem here
+            raise ConfigError(
+                f"DL_PIPELINE_MODULES: cannot import {module!r}: {type(exc).__name__}: {exc}"
+            ) from None
+
+
+async def _prepare_database(settings: Settings) -> Settings:
+    """Resolve the DSN (start the embedded server if unset) and migrate when configured."""
+    dsn = await resolve_dsn(settings)
+    if settings.auto_migrate:
+        await run_migrations(dsn)
+    return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
+
+
+@app.command()
+def serve() -> None:
+    """Run the HTTP API, the workers and the reaper in this process."""
+    from dataloader.api import create_app  # FastAPI is only needed to serve
+
+    settings = _settings()
+    configure_logging(settings.log_level)
+    try:
+        import_pipelines(settings.pipeline_modules)
+        settings = asyncio.run(_prepare_database(settings))
+    except ConfigError as exc:
+        _fail(f"invalid configuration: {exc}", 2)
+    except DataloaderError as exc:
+        _fail(str(exc), 1)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.http_host,
+            port=settings.http_port,
+            log_config=build_uvicorn_log_config(settings.log_level),
+            timeout_graceful_shutdown=5,
+            proxy_headers=False,
+        )
+    )
+    server.run()
+    if not server.started:
+        _fail("the service failed to start (see the log above)", 1)
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the database schema up to date (idempotent, safe to run from several replicas)."""
+    settings = _settings()
+    configure_logging(settings.log_level)
+    try:
+        report = asyncio.run(_migrate(settings))
+    except DataloaderError as exc:
+        _fail(str(exc), 1)
+    typer.echo(
+        f"schema at version {report.current}"
+        f" (applied: {report.applied or 'none'}, adopted: {report.adopted or 'none'})"
+    )
+
+
+async def _migrate(settings: Settings) -> MigrationReport:
+    return await run_migrations(await resolve_dsn(settings))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+def serve_main() -> None:
+    """`python -m dataloader`: same as `dataloader serve`."""
+    sys.argv = [sys.argv[0], "serve", *sys.argv[1:]]
+    app()

@@ -1,0 +1,220 @@
+"""One queue's worker: claim as many jobs as there are free slots, lock, run, finish.
+
+    claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
+                                                 └─ held ─► pipeline ─► unlock ─► finish
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from enum import Enum
+
+from dataloader.exceptions import InvalidJobArgs, JobCanceled, JobLost, NonRetryableError
+from dataloader.logger import log_context
+from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.repositories import ClaimedJob
+from dataloader.workers.job_context import JobContext
+from dataloader.workers.locks import LockConnectionLost
+from dataloader.workers.runtime import RunningJob, WorkerRuntime
+from dataloader.workers.waiting import jittered, wait_any
+
+log = logging.getLogger(__name__)
+
+#: Longest error text stored in `dl_jobs.error`.
+MAX_ERROR_CHARS = 4000
+
+
+class Result(Enum):
+    SUCCEEDED = "succeeded"
+    CANCELED = "canceled"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a run ended, decided before the lock is released and written after."""
+
+    result: Result
+    error: str | None = None
+    retryable: bool = True
+    refund: bool = False
+
+
+class QueueWorker:
+    """Serves one queue with `concurrency` slots."""
+
+    def __init__(self, queue: str, concurrency: int, runtime: WorkerRuntime) -> None:
+        self.queue = queue
+        self.concurrency = concurrency
+        self._rt = runtime
+        self._wakeup = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._jobs: set[asyncio.Task[None]] = set()
+
+    @property
+    def busy(self) -> int:
+        """Slots in use."""
+        return len(self._jobs)
+
+    @property
+    def job_tasks(self) -> set[asyncio.Task[None]]:
+        return set(self._jobs)
+
+    def wake(self) -> None:
+        """Something may be ready (notification, poll, a finished job freeing a lock_key)."""
+        self._wakeup.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Claim and start jobs until `stopping` is set."""
+        settings = self._rt.settings
+        while not stopping.is_set():
+            free = self.concurrency - len(self._jobs)
+            if free <= 0:
+                self._slot_freed.clear()
+                await wait_any(self._slot_freed, stopping)
+                continue
+            if not self._rt.locks.ready.is_set():
+                await wait_any(self._rt.locks.ready, stopping)
+                continue
+            self._wakeup.clear()
+            try:
+                jobs = await self._rt.repo.claim(self.queue, free, self._rt.worker_id)
+                if jobs:
+                    await self._start(jobs)
+                    if len(jobs) == free:
+                        continue  # there may be more ready jobs
+                timeout = await self._idle_timeout()
+            except CONNECTION_ERRORS as exc:
+                log.warning("claim on %s failed: %r", self.queue, exc, extra={"queue": self.queue})
+                timeout = jittered(min(settings.poll_interval_sec, 1.0))
+            await wait_any(self._wakeup, stopping, timeout=timeout)
+
+    async def _idle_timeout(self) -> float:
+        """Sleep until the safety poll or the earliest delayed job, whichever comes first."""
+        poll = jittered(self._rt.settings.poll_interval_sec)
+        due = await self._rt.repo.next_due_in(self.queue)
+        return poll if due is None else max(0.0, min(poll, due + 0.001))
+
+    async def _start(self, jobs: list[ClaimedJob]) -> None:
+        """Lock each job's key; run those locked, back off the others."""
+        try:
+            locked = await self._rt.locks.try_lock(job.lock_hash for job in jobs)
+        except LockConnectionLost:
+            locked = set()
+        for job in jobs:
+            if job.lock_hash in locked:
+                locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
+                task = asyncio.create_task(self._execute(job), name=f"dataloader-job-{job.job_id}")
+                self._jobs.add(task)
+                task.add_done_callback(self._finished)
+            else:
+                await self._backoff(job)
+
+    async def _backoff(self, job: ClaimedJob) -> None:
+        delay = self._rt.settings.claim_backoff_sec
+        with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
+            log.info("lock_key %r is busy; backing off %.1fs", job.lock_key, delay)
+            await self._rt.repo.backoff(job, delay, self._rt.worker_id)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._jobs.discard(task)
+        self._slot_freed.set()
+        # a job waiting on the lock_key this one held may be claimable now
+        self._wakeup.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job task crashed", exc_info=task.exception())
+
+    async def _execute(self, job: ClaimedJob) -> None:
+        running = RunningJob(job)
+        self._rt.running[job.job_id] = running
+        try:
+            with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
+                log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
+                try:
+                    outcome = await self._run_pipeline(running)
+                finally:
+                    # Unlock before writing the outcome: a job waiting on this lock_key is
+                    # not claimable until the status write anyway, and then finds it free.
+                    await self._rt.locks.unlock(job.lock_hash)
+                await self._record(running, outcome)
+        finally:
+            self._rt.running.pop(job.job_id, None)
+
+    async def _run_pipeline(self, running: RunningJob) -> Outcome:
+        job = running.job
+        found = self._rt.registry.get(job.task)
+        if found is None:
+            # retryable: during a rolling deploy another replica may know the task
+            return Outcome(Result.FAILED, f"no pipeline registered for task {job.task!r}")
+        try:
+            args = found.parse_args(job.args)
+        except InvalidJobArgs as exc:
+            return Outcome(Result.FAILED, f"invalid args: {exc}", retryable=False)
+        ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
+        running.task = asyncio.create_task(found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}")
+        await asyncio.wait([running.task])
+        return _outcome_of(running)
+
+    async def _record(self, running: RunningJob, outcome: Outcome) -> None:
+        job, repo, worker = running.job, self._rt.repo, self._rt.worker_id
+        try:
+            if outcome.result is Result.SUCCEEDED:
+                written = await repo.complete(job.job_id, job.attempt, worker)
+                log.info("job succeeded" if written else "job finished but was no longer ours")
+            elif outcome.result is Result.CANCELED:
+                written = await repo.mark_canceled(job.job_id, job.attempt, worker)
+                log.info("job canceled" if written else "job stopped but was no longer ours")
+            elif outcome.result is Result.FAILED:
+                kind = await repo.fail(
+                    job.job_id,
+                    job.attempt,
+                    outcome.error or "error",
+                    retryable=outcome.retryable,
+                    retry_base_sec=self._rt.settings.retry_base_sec,
+                    worker_id=worker,
+                )
+                log.warning("job attempt failed (%s): %s", kind or "not ours", outcome.error)
+            else:
+                kind = await repo.release(
+                    job.job_id,
+                    job.attempt,
+                    refund=outcome.refund,
+                    worker_id=worker,
+                    reason=outcome.error or "released",
+                )
+                log.warning("job handed back (%s): %s", kind or "not ours", outcome.error)
+        except CONNECTION_ERRORS as exc:
+            # The lease will expire and the reaper will requeue the job.
+            log.error("could not record the job's outcome (%s): %r", outcome.result.value, exc)
+
+
+def _outcome_of(running: RunningJob) -> Outcome:
+    """Translate how the pipeline task ended."""
+    task = running.task
+    assert task is not None
+    lost = running.state.lost_reason
+    if task.cancelled():
+        if lost is not None:
+            return Outcome(Result.RELEASED, lost)
+        if running.handback:
+            return Outcome(Result.RELEASED, "worker shutting down", refund=True)
+        return Outcome(Result.FAILED, "pipeline task was cancelled")
+    exc = task.exception()
+    if exc is None:
+        return Outcome(Result.SUCCEEDED)
+    if isinstance(exc, JobCanceled):
+        return Outcome(Result.CANCELED)
+    if isinstance(exc, JobLost):
+        return Outcome(Result.RELEASED, str(exc))
+    text = _error_text(exc)
+    log.warning("pipeline raised %s", text, exc_info=exc)
+    return Outcome(Result.FAILED, text, retryable=not isinstance(exc, NonRetryableError))
+
+
+def _error_text(exc: BaseException) -> str:
+    """`Type: message`, storable in a text column (no NUL, bounded length)."""
+    text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")
+    return text[:MAX_ERROR_CHARS]

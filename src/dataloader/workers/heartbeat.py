@@ -1,0 +1,69 @@
+"""Batched heartbeat: one statement per period extends the leases of every job this process
+runs, learns of cancel requests, and finds jobs that are no longer ours (to stop them). It
+also probes the lock-holding connection, whose loss means every lock is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.workers.locks import LockConnectionLost
+from dataloader.workers.runtime import WorkerRuntime
+from dataloader.workers.waiting import wait_any
+
+log = logging.getLogger(__name__)
+
+#: A `heartbeat` journal row per job at most this often (the lease is extended every beat).
+JOURNAL_EVERY_SEC = 60.0
+
+
+class Heartbeat:
+    """Keeps this process's leases alive."""
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self._rt = runtime
+
+    def period(self) -> float:
+        """DL_HEARTBEAT_SEC, shortened so that no running job's lease can lapse between beats."""
+        period = self._rt.settings.heartbeat_sec
+        for running in self._rt.running.values():
+            period = min(period, running.job.lease_ttl_sec / 3)
+        return period
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Beat until `stopping` is set."""
+        while not stopping.is_set():
+            if await wait_any(stopping, timeout=self.period()):
+                return
+            try:
+                await self.beat_once()
+            except CONNECTION_ERRORS as exc:
+                log.warning("heartbeat failed: %r", exc)
+
+    async def beat_once(self) -> None:
+        """One heartbeat for every running job."""
+        try:
+            await self._rt.locks.ping()
+        except LockConnectionLost:
+            pass  # the holder already stopped the jobs it had locked
+        running = [r for r in self._rt.running.values() if r.state.lost_reason is None]
+        if not running:
+            return
+        now = time.monotonic()
+        beats = []
+        for r in running:
+            journal = now - r.last_journaled >= JOURNAL_EVERY_SEC
+            if journal:
+                r.last_journaled = now
+            beats.append((r.job.job_id, r.job.attempt, journal))
+        alive = await self._rt.repo.heartbeat(beats, self._rt.worker_id)
+        for r in running:
+            cancel = alive.get(r.job.job_id)
+            if cancel is None:
+                if r.job.job_id in self._rt.running:  # not finished meanwhile
+                    log.warning("job %s is no longer ours; stopping it", r.job.job_id)
+                    r.lose("lease lost: the job was taken back by the reaper")
+            elif cancel:
+                r.request_cancel()

@@ -1,0 +1,103 @@
+"""What a pipeline handler receives: its job, typed args, progress, cancellation, resources."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from dataloader.exceptions import JobCanceled, JobLost
+from dataloader.storage.repositories import ClaimedJob, JobRepository
+
+if TYPE_CHECKING:
+    from dataloader.context import AppContext
+
+ArgsT = TypeVar("ArgsT")
+T = TypeVar("T")
+
+
+class RunState:
+    """Flags the worker flips while a job runs; the pipeline observes them."""
+
+    def __init__(self) -> None:
+        self.cancel_requested = False
+        self.lost_reason: str | None = None
+
+
+class JobContext(Generic[ArgsT]):
+    """Handed to `async def handler(ctx)`.
+
+    Cancellation is cooperative: call `check_cancelled()` (or use `iterate`, which calls it
+    between items) and the job ends `canceled`. When the job stops being ours (lease reaped,
+    lock connection lost) the handler's task is cancelled outright.
+    """
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        args: ArgsT,
+        *,
+        app: AppContext,
+        repo: JobRepository,
+        state: RunState,
+    ) -> None:
+        self.job = job
+        self.args = args
+        self.app = app
+        self._repo = repo
+        self._state = state
+        self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return self.job.job_id
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first run, 2 on the first retry..."""
+        return self.job.attempt
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._state.cancel_requested
+
+    def check_cancelled(self) -> None:
+        """Raise JobCanceled if cancel was requested, JobLost if the job is no longer ours."""
+        if self._state.lost_reason is not None:
+            raise JobLost(self._state.lost_reason)
+        if self._state.cancel_requested:
+            raise JobCanceled("cancel requested")
+
+    async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
+        """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
+        value = {**(progress or {}), **fields}
+        cancel = await self._repo.set_progress(self.job.job_id, self.job.attempt, value)
+        if cancel is None:
+            self._state.lost_reason = self._state.lost_reason or "job is no longer ours"
+            raise JobLost(self._state.lost_reason)
+        self._state.cancel_requested = self._state.cancel_requested or cancel
+
+    async def iterate(
+        self, items: Iterable[T] | AsyncIterable[T], total: int | None = None
+    ) -> AsyncIterator[T]:
+        """Yield items (chunks), checking cancellation before each and writing progress
+        `{done, total}` after each."""
+        if total is None and hasattr(items, "__len__"):
+            total = len(items)
+        done = 0
+        self.check_cancelled()
+        async for item in _aiter(items):
+            self.check_cancelled()
+            yield item
+            done += 1
+            await self.set_progress(done=done, total=total)
+
+
+async def _aiter(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item

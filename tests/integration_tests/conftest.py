@@ -1,0 +1,142 @@
+"""In-process services for integration tests: the real app (API + workers) on a real database.
+
+Timings are shortened (heartbeat 0.2 s), and the safety poll is set to minutes so that a test
+passing proves the wake-up path it exercises (NOTIFY, the delayed-job timer, a finished job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+
+import dataloader.workers.pipelines.demo  # noqa: F401 - registers demo.* in the default registry
+from dataloader.api import create_app
+from dataloader.config import Settings
+from dataloader.context import AppContext
+from dataloader.storage.repositories import JobRepository
+from dataloader.workers.manager import WorkerManager
+from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.pipelines.registry import registry as default_registry
+
+T = TypeVar("T")
+
+TEST_DEFAULTS: dict[str, Any] = {
+    "workers": [{"queue": "default", "concurrency": 4}],
+    "heartbeat_sec": 0.2,
+    "default_lease_ttl_sec": 5,
+    "reaper_period_sec": 0.2,
+    "claim_backoff_sec": 0.3,
+    "retry_base_sec": 0,
+    "poll_interval_sec": 300,
+    "shutdown_timeout_sec": 5,
+    "auto_migrate": False,
+    "db_pool_size": 5,
+}
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[T]], timeout: float = 15, what: str = "condition"
+) -> T:
+    """Poll `probe` until it returns something truthy (database state has no events to await)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def registry() -> PipelineRegistry:
+    """The demo pipelines, in a registry the test may extend."""
+    return default_registry.copy()
+
+
+@pytest.fixture
+def make_settings(db_dsn: str) -> Callable[..., Settings]:
+    def build(**overrides: Any) -> Settings:
+        return Settings(_env_file=None, db_dsn=db_dsn, **(TEST_DEFAULTS | overrides))  # type: ignore[call-arg]
+
+    return build
+
+
+@dataclass
+class Service:
+    """A running in-process service."""
+
+    settings: Settings
+    app: FastAPI
+    client: httpx.AsyncClient
+
+    @property
+    def manager(self) -> WorkerManager:
+        manager: WorkerManager = self.app.state.manager
+        return manager
+
+    @property
+    def repo(self) -> JobRepository:
+        context: AppContext = self.app.state.app_context
+        return context.repo
+
+    async def trigger(self, **body: Any) -> str:
+        body.setdefault("queue", "default")
+        body.setdefault("lock_key", f"k-{time.monotonic_ns()}")
+        response = await self.client.post("/api/v1/jobs/trigger", json=body)
+        assert response.status_code == 200, response.text
+        job_id: str = response.json()["job_id"]
+        return job_id
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        response = await self.client.get(f"/api/v1/jobs/{job_id}/status")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def wait_status(self, job_id: str, *statuses: str, timeout: float = 15) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            body = await self.status(job_id)
+            return body if body["status"] in statuses else None
+
+        return await wait_until(probe, timeout, f"job {job_id} to become {statuses}")
+
+
+StartService = Callable[..., Awaitable[Service]]
+
+
+@pytest.fixture
+async def start_service(
+    make_settings: Callable[..., Settings], registry: PipelineRegistry
+) -> AsyncIterator[StartService]:
+    """Start services (API + workers) in this event loop; all are stopped after the test."""
+    async with AsyncExitStack() as stack:
+
+        async def start(*, run_workers: bool = True, **overrides: Any) -> Service:
+            settings = make_settings(**overrides)
+            app = create_app(settings, registry, run_workers=run_workers)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            client = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://dataloader.test"
+            )
+            stack.push_async_callback(client.aclose)
+            return Service(settings, app, client)
+
+        yield start
+
+
+@pytest.fixture
+async def conn(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the test database, for assertions."""
+    connection = await asyncpg.connect(db_dsn)
+    yield connection
+    await connection.close()
