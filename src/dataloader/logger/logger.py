@@ -92,8 +92,10 @@ class JsonFormatter(logging.Formatter):
         return masked
 
     def _fallback(self, record: logging.LogRecord, error: Exception) -> str:
+        # The template only: with the arguments unmerged, nothing tells which of them is a
+        # secret (`"token=%s"` masks after merging, not before), so none are written.
         try:
-            raw = f"{record.msg!s} {record.args!r}"
+            raw = str(record.msg)
         except Exception:
             raw = "<unprintable message>"
         line = {

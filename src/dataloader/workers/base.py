@@ -103,7 +103,9 @@ class QueueWorker:
         try:
             locked = await self._rt.locks.try_lock(job.lock_hash for job in jobs)
         except LockConnectionLost:
-            locked = set()
+            for job in jobs:  # nothing could be locked: give them back at once
+                await self._backoff(job, 0.0, "the lock connection is down")
+            return
         for job in jobs:
             if job.lock_hash in locked:
                 locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
@@ -111,12 +113,11 @@ class QueueWorker:
                 self._jobs.add(task)
                 task.add_done_callback(self._finished)
             else:
-                await self._backoff(job)
+                await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
 
-    async def _backoff(self, job: ClaimedJob) -> None:
-        delay = self._rt.settings.claim_backoff_sec
+    async def _backoff(self, job: ClaimedJob, delay: float, why: str) -> None:
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-            log.info("lock_key %r is busy; backing off %.1fs", job.lock_key, delay)
+            log.info("%s (%r); retrying the job in %.1fs", why, job.lock_key, delay)
             await self._rt.repo.backoff(job, delay, self._rt.worker_id)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -130,6 +131,7 @@ class QueueWorker:
     async def _execute(self, job: ClaimedJob) -> None:
         running = RunningJob(job)
         self._rt.running[job.job_id] = running
+        self._rt.job_started.set()
         try:
             with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
                 log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
@@ -154,8 +156,9 @@ class QueueWorker:
         except InvalidJobArgs as exc:
             return Outcome(Result.FAILED, f"invalid args: {exc}", retryable=False)
         ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
-        running.task = asyncio.create_task(found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}")
-        await asyncio.wait([running.task])
+        task = asyncio.create_task(found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}")
+        running.attach(task)
+        await asyncio.wait([task])
         return _outcome_of(running)
 
     async def _record(self, running: RunningJob, outcome: Outcome) -> None:

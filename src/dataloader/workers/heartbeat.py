@@ -33,10 +33,16 @@ class Heartbeat:
         return period
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Beat until `stopping` is set."""
+        """Beat until `stopping` is set. A job with a short lease starting makes the next beat
+        come sooner (the deadline is recomputed from the last beat, never pushed back)."""
+        last_beat = time.monotonic()
         while not stopping.is_set():
-            if await wait_any(stopping, timeout=self.period()):
-                return
+            wait = last_beat + self.period() - time.monotonic()
+            if wait > 0:
+                self._rt.job_started.clear()
+                await wait_any(stopping, self._rt.job_started, timeout=wait)
+                continue
+            last_beat = time.monotonic()
             try:
                 await self.beat_once()
             except CONNECTION_ERRORS as exc:

@@ -123,8 +123,11 @@ class LockHolder:
     ) -> R:
         async with self._mutex:
             conn = self._conn
-            if conn is None or conn.is_closed():
+            if conn is None:
                 raise LockConnectionLost("lock connection is not open")
+            if conn.is_closed():
+                self._lose("lock connection closed")
+                raise LockConnectionLost("lock connection closed")
             try:
                 return await op(conn, *args, **kwargs)
             except CONNECTION_ERRORS as exc:

@@ -54,6 +54,7 @@ class WorkerManager:
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
         self._tasks: list[asyncio.Task[None]] = []
+        self._claiming_tasks: list[asyncio.Task[None]] = []
 
     @property
     def worker_id(self) -> str:
@@ -66,9 +67,13 @@ class WorkerManager:
         self._spawn("locks", locks.maintain(self._stop_all))
         self._spawn("listener", self.listener.run(self._stop_all))
         self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
-        self._spawn("reaper", self.reaper.run(self._stop_claiming))
-        for name, worker in self.queues.items():
-            self._spawn(f"queue:{name}", worker.run(self._stop_claiming))
+        self._claiming_tasks = [
+            self._spawn("reaper", self.reaper.run(self._stop_claiming)),
+            *(
+                self._spawn(f"queue:{name}", worker.run(self._stop_claiming))
+                for name, worker in self.queues.items()
+            ),
+        ]
         log.info(
             "workers started",
             extra={"worker_id": self.worker_id, "queues": {q: w.concurrency for q, w in self.queues.items()}},
@@ -78,6 +83,8 @@ class WorkerManager:
         """Stop claiming; let running jobs finish for `timeout` seconds; hand the rest back to
         the queue (attempt refunded, lock released); then stop everything."""
         self._stop_claiming.set()
+        # Let claims in flight settle first, so that every job they took is seen below.
+        await asyncio.wait(self._claiming_tasks, timeout=10)
         jobs = {task for worker in self.queues.values() for task in worker.job_tasks}
         if jobs:
             log.info("waiting up to %.0fs for %d running job(s)", timeout, len(jobs))
@@ -113,10 +120,11 @@ class WorkerManager:
     def _locks_lost(self, reason: str) -> None:
         self.runtime.lose_all(reason)
 
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"dataloader-{name}")
         task.add_done_callback(self._supervise)
         self._tasks.append(task)
+        return task
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._stop_all.is_set():

@@ -35,6 +35,12 @@ class RunningJob:
     handback: bool = False
     last_journaled: float = float("-inf")  # the first heartbeat of a run is journaled
 
+    def attach(self, task: asyncio.Task[object]) -> None:
+        """The pipeline's task; stopped at once if the job was lost or handed back already."""
+        self.task = task
+        if self.state.lost_reason is not None or self.handback:
+            task.cancel()
+
     def request_cancel(self) -> None:
         """Cooperative: the pipeline sees it at its next check."""
         self.state.cancel_requested = True
@@ -64,6 +70,8 @@ class WorkerRuntime:
     registry: PipelineRegistry
     worker_id: str
     running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
+    #: Set whenever a job starts (the heartbeat may need to beat sooner).
+    job_started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def lose_all(self, reason: str) -> None:
         """Every lock is gone (lock connection lost): stop every running pipeline."""

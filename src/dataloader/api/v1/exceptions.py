@@ -4,8 +4,12 @@ an unavailable database a 503, never a traceback."""
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from dataloader.exceptions import DatabaseUnavailable, InvalidJobArgs, JobNotFound
@@ -24,6 +28,26 @@ async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    # FastAPI's own handler, except that the echoed `input` may hold what Python's json module
+    # parses but a JSON response cannot carry: NaN/Infinity (sent as strings) and unpaired
+    # surrogates from "\ud800" escapes (sent as U+FFFD).
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(errors))})
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_json_safe(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
     log.error("database unavailable: %r", exc)
     return JSONResponse(status_code=503, content={"detail": "database unavailable"})
@@ -38,6 +62,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     for error in CONNECTION_ERRORS:
         app.add_exception_handler(error, _unavailable)

@@ -7,7 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from dataloader.api.v1.schemas import ErrorResponse, JobStatusResponse, TriggerRequest, TriggerResponse
+from dataloader.api.v1.schemas import (
+    ErrorResponse,
+    JobStatusResponse,
+    TriggerRequest,
+    TriggerResponse,
+)
 from dataloader.api.v1.service import JobsService
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -14,11 +15,25 @@ from dataloader.base import JobStatus
 INT32_MAX = 2_147_483_647
 #: Deepest nesting accepted in `args` (PostgreSQL's jsonb accepts more; nobody needs it).
 MAX_ARGS_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _no_nul(value: str) -> str:
+    """Reject what PostgreSQL text/jsonb cannot store: NUL, and lone UTF-16 surrogates
+    (JSON allows the escape "\\ud800"; it is not a character and UTF-8 cannot encode it)."""
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
+    if _SURROGATE.search(value):
+        raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
+    return value
+
+
+def _in_range(value: datetime) -> datetime:
+    """Reject instants that have no UTC equivalent (e.g. 9999-12-31T23:59:59-14:00)."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once converted to UTC") from None
     return value
 
 
@@ -57,7 +72,7 @@ class TriggerRequest(BaseModel):
     lock_key: Text
     partition_key: Annotated[str, Field(max_length=1000), AfterValidator(_no_nul)] = ""
     priority: Annotated[int, Field(ge=0, le=INT32_MAX)] = 100
-    available_at: AwareDatetime | None = Field(
+    available_at: Annotated[AwareDatetime, AfterValidator(_in_range)] | None = Field(
         default=None, description="RFC 3339 with an offset; the job does not start before it."
     )
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
