@@ -1,15 +1,15 @@
 """Exceptions raised by dataloader.
 
-    DataloaderError
-    ├── ConfigError             bad environment / settings: the service refuses to start
-    ├── JobNotFound             no job with that id
-    ├── InvalidJobArgs          task arguments rejected by the task's pydantic model
-    ├── DatabaseUnavailable     PostgreSQL cannot be reached
-    └── JobInterrupted          raised inside a pipeline: stop now
-        ├── JobCanceled         cancel was requested (cooperative stop between chunks)
-        └── JobLost             the job is no longer ours (lease reaped, lock connection lost)
+DataloaderError
+├── ConfigError             bad environment / settings: the service refuses to start
+├── JobNotFound             no job with that id
+├── InvalidJobArgs          task arguments rejected by the task's pydantic model
+├── DatabaseUnavailable     PostgreSQL cannot be reached
+└── JobInterrupted          raised inside a pipeline: stop now
+    ├── JobCanceled         cancel was requested (cooperative stop between chunks)
+    └── JobLost             the job is no longer ours (lease reaped, lock connection lost)
 
-    NonRetryableError           raise from a pipeline: the job fails at once, no retries
+NonRetryableError           raise from a pipeline: the job fails at once, no retries
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class DatabaseUnavailable(DataloaderError):
     """PostgreSQL could not be reached."""
 
 
-class JobInterrupted(DataloaderError):  # noqa: N818 - reads as a state, like asyncio.CancelledError
+class JobInterrupted(DataloaderError):
     """The running pipeline must stop now."""
 
 

@@ -4,6 +4,7 @@ reaper, lost jobs, fencing of zombies, lost lock connection, NOTIFY wake-up."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -70,7 +71,7 @@ async def test_jobs_sharing_a_lock_key_never_overlap_across_workers(
         await first.wait_status(job_id, "succeeded", timeout=30)
     assert max_active == 1
     runs.sort()
-    assert all(prev[1] <= nxt[0] for prev, nxt in zip(runs, runs[1:], strict=False))
+    assert all(prev[1] <= nxt[0] for prev, nxt in itertools.pairwise(runs))
     attempts = await conn.fetch("SELECT attempt FROM dl_jobs")
     assert {r["attempt"] for r in attempts} == {1}
 

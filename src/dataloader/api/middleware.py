@@ -57,7 +57,7 @@ class RequestContextMiddleware:
 def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", []):
         if name == REQUEST_ID_HEADER.encode():
-            candidate = value.decode("latin-1")
+            candidate: str = value.decode("latin-1")
             if _SAFE_ID.match(candidate):
                 return candidate
     return uuid.uuid4().hex

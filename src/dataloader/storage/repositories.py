@@ -10,7 +10,7 @@ from typing import Any
 
 from dataloader.base import JobStatus
 from dataloader.storage import queries
-from dataloader.storage.db import Connection, Pool
+from dataloader.storage.db import AnyConnection, Connection, Pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +227,7 @@ class JobRepository:
         return [(r["job_id"], r["status"]) for r in rows]
 
 
-async def enqueue(conn: Connection, job: NewJob) -> EnqueueResult:
+async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
     """Insert `job` on `conn` (usable inside the caller's own transaction)."""
     while True:
         row = await conn.fetchrow(

@@ -1,7 +1,7 @@
 """One queue's worker: claim as many jobs as there are free slots, lock, run, finish.
 
-    claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
-                                                 └─ held ─► pipeline ─► unlock ─► finish
+claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
+                                             └─ held ─► pipeline ─► unlock ─► finish
 """
 
 from __future__ import annotations
@@ -156,7 +156,9 @@ class QueueWorker:
         except InvalidJobArgs as exc:
             return Outcome(Result.FAILED, f"invalid args: {exc}", retryable=False)
         ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
-        task = asyncio.create_task(found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}")
+        task: asyncio.Task[object] = asyncio.create_task(
+            found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}"
+        )
         running.attach(task)
         await asyncio.wait([task])
         return _outcome_of(running)

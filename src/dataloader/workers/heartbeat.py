@@ -5,6 +5,7 @@ also probes the lock-holding connection, whose loss means every lock is gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -50,10 +51,8 @@ class Heartbeat:
 
     async def beat_once(self) -> None:
         """One heartbeat for every running job."""
-        try:
-            await self._rt.locks.ping()
-        except LockConnectionLost:
-            pass  # the holder already stopped the jobs it had locked
+        with contextlib.suppress(LockConnectionLost):
+            await self._rt.locks.ping()  # on failure the holder stops the jobs it had locked
         running = [r for r in self._rt.running.values() if r.state.lost_reason is None]
         if not running:
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.exceptions import JobCanceled, JobLost
@@ -83,7 +83,7 @@ class JobContext(Generic[ArgsT]):
     ) -> AsyncIterator[T]:
         """Yield items (chunks), checking cancellation before each and writing progress
         `{done, total}` after each."""
-        if total is None and hasattr(items, "__len__"):
+        if total is None and isinstance(items, Sized):
             total = len(items)
         done = 0
         self.check_cancelled()

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 
 from dataloader.storage import queries, repositories
-from dataloader.storage.db import CONNECTION_ERRORS, Connection, connect
+from dataloader.storage.db import CONNECTION_ERRORS, AnyConnection, Connection, connect
 from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
@@ -79,12 +79,12 @@ class Listener:
             if not conn.is_closed():
                 await _close_quietly(conn)
 
-    def _notified(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+    def _notified(self, _conn: AnyConnection, _pid: int, channel: str, payload: object) -> None:
         if channel == queries.JOBS_CHANNEL:
-            self._on_queue_ready(payload)
+            self._on_queue_ready(str(payload))
         elif channel == queries.CANCEL_CHANNEL:
             try:
-                self._on_cancel(uuid.UUID(payload))
+                self._on_cancel(uuid.UUID(str(payload)))
             except ValueError:
                 log.warning("ignoring malformed cancel notification %r", payload)
 

@@ -9,12 +9,13 @@ lost, every lock it held is gone: `on_lost` is called so the jobs can be stopped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from dataloader.storage import repositories
-from dataloader.storage.db import CONNECTION_ERRORS, Connection, connect
+from dataloader.storage.db import CONNECTION_ERRORS, AnyConnection, Connection, connect
 from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class LockConnectionLost(Exception):  # noqa: N818
+class LockConnectionLost(Exception):
     """The lock-holding connection is gone (and with it every lock it held)."""
 
 
@@ -90,10 +91,8 @@ class LockHolder:
         if lock_hash not in self._held:
             return
         self._held.discard(lock_hash)
-        try:
+        with contextlib.suppress(LockConnectionLost):
             await self._run(repositories.advisory_unlock, lock_hash)
-        except LockConnectionLost:
-            pass
 
     async def ping(self) -> None:
         """Check the connection end to end; a failure counts as losing it."""
@@ -134,7 +133,7 @@ class LockHolder:
                 self._lose(f"lock connection failed: {exc!r}")
                 raise LockConnectionLost(str(exc)) from exc
 
-    def _terminated(self, conn: Connection) -> None:
+    def _terminated(self, conn: AnyConnection) -> None:
         if conn is self._conn:
             self._lose("lock connection closed by the server")
 
@@ -148,4 +147,3 @@ class LockHolder:
         self._lost.set()
         conn.terminate()
         self._on_lost(reason)
-

@@ -76,7 +76,10 @@ class WorkerManager:
         ]
         log.info(
             "workers started",
-            extra={"worker_id": self.worker_id, "queues": {q: w.concurrency for q, w in self.queues.items()}},
+            extra={
+                "worker_id": self.worker_id,
+                "queues": {q: w.concurrency for q, w in self.queues.items()},
+            },
         )
 
     async def stop(self, timeout: float) -> None:

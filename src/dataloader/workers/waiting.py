@@ -12,9 +12,7 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
         return True
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        done, _ = await asyncio.wait(
-            waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-        )
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         return bool(done)
     finally:
         for waiter in waiters:
@@ -23,4 +21,4 @@ async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> bool
 
 def jittered(seconds: float, spread: float = 0.2) -> float:
     """`seconds` ± `spread` (a fraction), so replicas' periodic work does not align."""
-    return seconds * random.uniform(1 - spread, 1 + spread)  # noqa: S311 - not for security
+    return seconds * random.uniform(1 - spread, 1 + spread)

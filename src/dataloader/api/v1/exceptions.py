@@ -65,5 +65,6 @@ def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     for error in CONNECTION_ERRORS:
-        app.add_exception_handler(error, _unavailable)
+        if issubclass(error, Exception):
+            app.add_exception_handler(error, _unavailable)
     app.add_exception_handler(Exception, _unexpected)

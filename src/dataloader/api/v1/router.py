@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
@@ -24,7 +24,9 @@ def get_service(request: Request) -> JobsService:
 
 
 Service = Annotated[JobsService, Depends(get_service)]
-NOT_FOUND = {404: {"model": ErrorResponse, "description": "No job with this id"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "No job with this id"}
+}
 
 
 @router.post("/trigger", response_model=TriggerResponse)

@@ -16,7 +16,7 @@ The task name is the stable contract stored in `dl_jobs.task`; the function name
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,7 +27,7 @@ from dataloader.exceptions import InvalidJobArgs
 if TYPE_CHECKING:
     from dataloader.workers.job_context import JobContext
 
-Handler = Callable[["JobContext[Any]"], Awaitable[Any]]
+Handler = Callable[["JobContext[Any]"], Coroutine[Any, Any, Any]]
 H = TypeVar("H", bound=Handler)
 
 
