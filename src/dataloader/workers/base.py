@@ -87,8 +87,8 @@ class QueueWorker:
                     if len(jobs) == free:
                         continue  # there may be more ready jobs
                 timeout = await self._idle_timeout()
-            except CONNECTION_ERRORS as exc:
-                log.warning("claim on %s failed: %r", self.queue, exc, extra={"queue": self.queue})
+            except Exception as exc:  # the loop must outlive any database trouble
+                log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
                 timeout = jittered(min(settings.poll_interval_sec, 1.0))
             await wait_any(self._wakeup, stopping, timeout=timeout)
 
@@ -191,9 +191,14 @@ class QueueWorker:
                     reason=outcome.error or "released",
                 )
                 log.warning("job handed back (%s): %s", kind or "not ours", outcome.error)
-        except CONNECTION_ERRORS as exc:
+        except Exception as exc:
             # The lease will expire and the reaper will requeue the job.
-            log.error("could not record the job's outcome (%s): %r", outcome.result.value, exc)
+            log.error(
+                "could not record the job's outcome (%s): %r",
+                outcome.result.value,
+                exc,
+                exc_info=_unexpected(exc),
+            )
 
 
 def _outcome_of(running: RunningJob) -> Outcome:
@@ -217,6 +222,11 @@ def _outcome_of(running: RunningJob) -> Outcome:
     text = _error_text(exc)
     log.warning("pipeline raised %s", text, exc_info=exc)
     return Outcome(Result.FAILED, text, retryable=not isinstance(exc, NonRetryableError))
+
+
+def _unexpected(exc: BaseException) -> bool:
+    """Whether a failure deserves a traceback in the log (a lost connection does not)."""
+    return not isinstance(exc, CONNECTION_ERRORS)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -46,8 +46,10 @@ class Heartbeat:
             last_beat = time.monotonic()
             try:
                 await self.beat_once()
-            except CONNECTION_ERRORS as exc:
-                log.warning("heartbeat failed: %r", exc)
+            except Exception as exc:  # keep beating: the next one may get through
+                log.warning(
+                    "heartbeat failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
+                )
 
     async def beat_once(self) -> None:
         """One heartbeat for every running job."""

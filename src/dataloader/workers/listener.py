@@ -50,7 +50,7 @@ class Listener:
             try:
                 await self._listen_once(stopping)
                 delay = 0.1
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:  # never give up listening; back off instead
                 log.warning("listener connection failed, retrying in %.1fs: %r", delay, exc)
                 await wait_any(stopping, timeout=delay)
                 delay = min(delay * 2, 5.0)

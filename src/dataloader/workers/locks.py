@@ -109,7 +109,7 @@ class LockHolder:
                 await self.connect()
                 delay = 0.1
                 log.info("lock connection open")
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:  # never give up; back off instead
                 log.warning("lock connection failed, retrying in %.1fs: %r", delay, exc)
                 await wait_any(stopping, timeout=delay)
                 delay = min(delay * 2, 5.0)

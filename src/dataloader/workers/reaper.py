@@ -30,8 +30,10 @@ class Reaper:
         while not stopping.is_set():
             try:
                 await self.run_once()
-            except CONNECTION_ERRORS as exc:
-                log.warning("reaper pass failed: %r", exc)
+            except Exception as exc:  # keep sweeping: the next pass may get through
+                log.warning(
+                    "reaper pass failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
+                )
             await wait_any(stopping, timeout=jittered(self._period))
 
     async def run_once(self) -> dict[str, int]:
