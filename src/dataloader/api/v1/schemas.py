@@ -71,12 +71,12 @@ class TriggerRequest(BaseModel):
     idempotency_key: Text | None = None
     lock_key: Text
     partition_key: Annotated[str, Field(max_length=1000), AfterValidator(_no_nul)] = ""
-    priority: Annotated[int, Field(ge=0, le=INT32_MAX)] = 100
+    priority: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] = 100
     available_at: Annotated[AwareDatetime, AfterValidator(_in_range)] | None = Field(
         default=None, description="RFC 3339 with an offset; the job does not start before it."
     )
-    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 5
-    lease_ttl_sec: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = Field(
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=1000)] = 5
+    lease_ttl_sec: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = Field(
         default=None, description="Lease length; DL_DEFAULT_LEASE_TTL_SEC when omitted."
     )
     producer: Name | None = None

@@ -1,0 +1,175 @@
+"""Unit tests of `dataloader.config` (spec §8) and of the CLI's pipeline import: no database."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dataloader.cli import import_pipelines
+from dataloader.config import Settings, WorkerSpec, load_settings
+from dataloader.exceptions import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No DL_* / WORKERS_JSON from the caller's environment, and no `.env` in the cwd."""
+    for name in list(os.environ):
+        if name.upper().startswith("DL_") or name.upper() == "WORKERS_JSON":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def config_error(**env: str) -> str:
+    """The ConfigError message load_settings raises with `env` set (and no .env file)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        with pytest.raises(ConfigError) as raised:
+            load_settings(_env_file=None)
+    return str(raised.value)
+
+
+# --- defaults ---------------------------------------------------------------------------------
+
+
+def test_defaults_match_the_spec() -> None:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.heartbeat_sec == 10
+    assert settings.default_lease_ttl_sec == 60
+    assert settings.reaper_period_sec == 10
+    assert settings.claim_backoff_sec == 15
+    assert settings.retry_base_sec == 30  # spec §6: retry after 30 * attempt seconds
+    assert settings.http_host == "127.0.0.1"
+    assert settings.http_port == 8000
+    assert settings.workers == [WorkerSpec(queue="default", concurrency=4)]
+    assert settings.total_slots == 4
+    assert settings.db_dsn is None
+    assert settings.asyncpg_dsn is None
+    assert settings.pipeline_modules == []
+
+
+# --- WORKERS_JSON -----------------------------------------------------------------------------
+
+
+def test_workers_json_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "WORKERS_JSON",
+        '[{"queue":"load.cbr","concurrency":2},{"queue":"load.sgx","concurrency":1}]',
+    )
+    settings = load_settings(_env_file=None)
+    assert settings.workers == [
+        WorkerSpec(queue="load.cbr", concurrency=2),
+        WorkerSpec(queue="load.sgx", concurrency=1),
+    ]
+    assert settings.total_slots == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "mentions"),
+    [
+        pytest.param('[{"queue": "a", "concurrency": 1}', "not valid JSON", id="malformed-json"),
+        pytest.param('[{"queue": "a", "concurrency": 0}]', "concurrency", id="concurrency-0"),
+        pytest.param('[{"concurrency": 1}]', "queue", id="missing-queue"),
+        pytest.param(
+            '[{"queue": "a", "concurrency": 1}, {"queue": "a", "concurrency": 2}]',
+            "listed twice",
+            id="duplicate-queue",
+        ),
+        pytest.param('{"queue": "a", "concurrency": 1}', "JSON list", id="object-not-list"),
+        pytest.param('"default"', "JSON list", id="string-not-list"),
+        pytest.param('[{"queue": "a", "concurrency": 1, "x": 1}]', "x", id="unknown-key"),
+    ],
+)
+def test_bad_workers_json_is_a_config_error_naming_it(value: str, mentions: str) -> None:
+    message = config_error(WORKERS_JSON=value)
+    assert message.startswith("WORKERS_JSON")
+    assert mentions in message
+
+
+# --- DL_DB_DSN ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://user:pw@db.example:5432/etl",
+        "postgresql+asyncpg://user:pw@db.example:5432/etl",
+    ],
+)
+def test_dsn_accepts_libpq_and_sqlalchemy_forms(monkeypatch: pytest.MonkeyPatch, dsn: str) -> None:
+    monkeypatch.setenv("DL_DB_DSN", dsn)
+    settings = load_settings(_env_file=None)
+    assert settings.db_dsn == dsn
+    assert settings.asyncpg_dsn == "postgresql://user:pw@db.example:5432/etl"
+
+
+def test_blank_dsn_means_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DL_DB_DSN", "  ")
+    assert load_settings(_env_file=None).db_dsn is None
+
+
+def test_non_postgres_dsn_is_a_config_error_naming_it() -> None:
+    message = config_error(DL_DB_DSN="mysql://user:pw@db.example/etl")
+    assert message.startswith("DL_DB_DSN")
+    assert "postgresql://" in message
+
+
+# --- other variables --------------------------------------------------------------------------
+
+
+def test_pipeline_modules_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DL_PIPELINE_MODULES", "a, b,,c")
+    assert load_settings(_env_file=None).pipeline_modules == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DL_HEARTBEAT_SEC", "0"),
+        ("DL_HEARTBEAT_SEC", "soon"),
+        ("DL_DEFAULT_LEASE_TTL_SEC", "0"),
+        ("DL_REAPER_PERIOD_SEC", "-1"),
+        ("DL_HTTP_PORT", "70000"),
+        ("DL_LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_bad_value_is_a_config_error_naming_the_variable(variable: str, value: str) -> None:
+    assert config_error(**{variable: value}).startswith(f"{variable}: ")
+
+
+def test_env_file_in_the_working_directory_is_honoured(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        "DL_HEARTBEAT_SEC=3\n"
+        'WORKERS_JSON=[{"queue":"from.file","concurrency":2}]\n'
+        "DL_DB_DSN=postgresql://u@h/db\n",
+        encoding="utf-8",
+    )
+    settings = load_settings()  # cwd is tmp_path (autouse fixture)
+    assert settings.heartbeat_sec == 3
+    assert settings.workers == [WorkerSpec(queue="from.file", concurrency=2)]
+    assert settings.db_dsn == "postgresql://u@h/db"
+
+
+def test_environment_wins_over_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".env").write_text("DL_HEARTBEAT_SEC=3\n", encoding="utf-8")
+    monkeypatch.setenv("DL_HEARTBEAT_SEC", "7")
+    assert load_settings().heartbeat_sec == 7
+
+
+# --- CLI: pipeline modules ------------------------------------------------------------------
+
+
+def test_missing_pipeline_module_is_a_config_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"^DL_PIPELINE_MODULES: .*'no\.such\.module'"):
+        import_pipelines(["no.such.module"])
+
+
+def test_pipeline_module_failing_at_import_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "dl_broken_pipelines.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^DL_PIPELINE_MODULES: .*dl_broken_pipelines.*boom"):
+        import_pipelines(["dl_broken_pipelines"])
