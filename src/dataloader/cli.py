@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 import sys
+from types import FrameType
 from typing import NoReturn
 
 import typer
@@ -51,6 +53,13 @@ def import_pipelines(modules: list[str]) -> None:
             ) from None
 
 
+def _stopped_by_signal(signum: int, frame: FrameType | None) -> NoReturn:
+    """uvicorn re-raises the signal that stopped it once its graceful shutdown is complete;
+    with the default handlers SIGTERM would then kill the process (exit code -15) and SIGINT
+    end in click's "Aborted!" (exit code 1). A gracefully stopped service exits 0."""
+    raise SystemExit(0)
+
+
 async def _prepare_database(settings: Settings) -> Settings:
     """Resolve the DSN (start the embedded server if unset) and migrate when configured."""
     dsn = await resolve_dsn(settings)
@@ -83,6 +92,8 @@ def serve() -> None:
             proxy_headers=False,
         )
     )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stopped_by_signal)
     server.run()
     if not server.started:
         _fail("the service failed to start (see the log above)", 1)

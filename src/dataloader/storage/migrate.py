@@ -84,7 +84,12 @@ async def _spec_schema_present(conn: Connection) -> bool:
     """True when the spec's DDL was applied by hand; refuse a half-present schema."""
     row = await conn.fetchrow(queries.SPEC_OBJECTS_PRESENT)
     assert row is not None
-    present = {name: bool(row[name]) for name in ("jobs", "events", "status_type")}
+    labels = {
+        "jobs": "table dl_jobs",
+        "events": "table dl_job_events",
+        "status_type": "type dl_status",
+    }
+    present = {labels[name]: bool(row[name]) for name in labels}
     if all(present.values()):
         return True
     if any(present.values()):
