@@ -89,6 +89,7 @@ def serve() -> None:
             port=settings.http_port,
             log_config=build_uvicorn_log_config(settings.log_level),
             timeout_graceful_shutdown=5,
+            access_log=False,  # RequestContextMiddleware logs each request with its id
             proxy_headers=False,
         )
     )

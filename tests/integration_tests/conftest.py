@@ -43,6 +43,15 @@ TEST_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Advisory locks held in the current database (pg_locks spans the whole server, which
+#: parallel tests share).
+ADVISORY_LOCKS = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory'
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
 async def wait_until(
     probe: Callable[[], Awaitable[T]], timeout: float = 15, what: str = "condition"
 ) -> T:

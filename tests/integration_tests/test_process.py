@@ -19,20 +19,13 @@ import pytest
 
 from dataloader.storage.migrate import load_migrations
 
-from .conftest import wait_until
+from .conftest import ADVISORY_LOCKS, wait_until
 from .procs import DATALOADER_SCRIPT, Launcher, free_port, launched, run_cli
 
 LATEST = max(m.version for m in load_migrations())
 SPEC_DDL = next(m for m in load_migrations() if m.version == 1).sql
 SPEC_INDEXES = {"ix_dl_jobs_claim", "ix_dl_jobs_running_lease", "ix_dl_jobs_status_queue"}
 SPEC_TRIGGERS = {"dl_jobs_notify_ins", "dl_jobs_notify_upd"}
-
-#: Advisory locks held in the current database (pg_locks spans the whole server).
-ADVISORY_LOCKS = """
-SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory'
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import asyncpg
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
-from .conftest import StartService, wait_until
+from .conftest import ADVISORY_LOCKS, StartService, wait_until
 
 
 async def count(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -250,7 +250,7 @@ async def test_lost_lock_connection_stops_the_pipeline_and_requeues_the_job(
 
 
 async def _no_advisory_locks(conn: asyncpg.Connection) -> bool:
-    return await count(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+    return await count(conn, ADVISORY_LOCKS) == 0
 
 
 async def test_notify_wakes_an_idle_worker_without_polling(

@@ -15,6 +15,8 @@ from dataloader.logger import log_context
 log = logging.getLogger("dataloader.access")
 
 REQUEST_ID_HEADER = "x-request-id"
+#: Probed every few seconds by orchestrators: logged at DEBUG only.
+QUIET_PATHS = frozenset({"/health"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -45,7 +47,8 @@ class RequestContextMiddleware:
             try:
                 await self.app(scope, receive, send_with_id)
             finally:
-                log.info(
+                log.log(
+                    logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
                     "%s %s %d",
                     scope["method"],
                     scope["path"],
