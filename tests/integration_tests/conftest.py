@@ -6,8 +6,6 @@ passing proves the wake-up path it exercises (NOTIFY, the delayed-job timer, a f
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -27,6 +25,10 @@ from dataloader.workers.manager import WorkerManager
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
+from .helpers import ADVISORY_LOCKS, JobsApi, wait_until
+
+__all__ = ["ADVISORY_LOCKS", "Service", "StartService", "wait_until"]
+
 T = TypeVar("T")
 
 TEST_DEFAULTS: dict[str, Any] = {
@@ -41,29 +43,6 @@ TEST_DEFAULTS: dict[str, Any] = {
     "auto_migrate": False,
     "db_pool_size": 5,
 }
-
-
-#: Advisory locks held in the current database (pg_locks spans the whole server, which
-#: parallel tests share).
-ADVISORY_LOCKS = """
-SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory'
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
-
-
-async def wait_until(
-    probe: Callable[[], Awaitable[T]], timeout: float = 15, what: str = "condition"
-) -> T:
-    """Poll `probe` until it returns something truthy (database state has no events to await)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -81,7 +60,7 @@ def make_settings(db_dsn: str) -> Callable[..., Settings]:
 
 
 @dataclass
-class Service:
+class Service(JobsApi):
     """A running in-process service."""
 
     settings: Settings
@@ -97,27 +76,6 @@ class Service:
     def repo(self) -> JobRepository:
         context: AppContext = self.app.state.app_context
         return context.repo
-
-    async def trigger(self, **body: Any) -> str:
-        body.setdefault("queue", "default")
-        body.setdefault("lock_key", f"k-{time.monotonic_ns()}")
-        response = await self.client.post("/api/v1/jobs/trigger", json=body)
-        assert response.status_code == 200, response.text
-        job_id: str = response.json()["job_id"]
-        return job_id
-
-    async def status(self, job_id: str) -> dict[str, Any]:
-        response = await self.client.get(f"/api/v1/jobs/{job_id}/status")
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    async def wait_status(self, job_id: str, *statuses: str, timeout: float = 15) -> dict[str, Any]:
-        async def probe() -> dict[str, Any] | None:
-            body = await self.status(job_id)
-            return body if body["status"] in statuses else None
-
-        return await wait_until(probe, timeout, f"job {job_id} to become {statuses}")
 
 
 StartService = Callable[..., Awaitable[Service]]

@@ -17,9 +17,11 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import httpx
+
+from .helpers import JobsApi
 
 #: Short timings so that leases, heartbeats and the reaper act within a test's patience.
 FAST_TIMINGS: dict[str, str] = {
@@ -75,7 +77,7 @@ def run_cli(
     )
 
 
-class ServiceProcess:
+class ServiceProcess(JobsApi):
     """One `python -m dataloader` child process and an HTTP client for it."""
 
     def __init__(self, name: str, dsn: str, workdir: Path, env: Mapping[str, str | None]) -> None:
@@ -108,7 +110,7 @@ class ServiceProcess:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def _fail(self, message: str) -> AssertionError:
-        return AssertionError(f"{self.name}: {message}\n--- log of {self.name} ---\n{self.logs()}")
+        return AssertionError(f"{self.name}: {message}{self.describe_failure()}")
 
     async def wait_healthy(self, within: float = 15) -> float:
         """Poll GET /health until it answers 200; returns the seconds it took."""
@@ -149,32 +151,8 @@ class ServiceProcess:
             await asyncio.sleep(0.02)
         return code
 
-    # --- HTTP API -----------------------------------------------------------------------------
-
-    async def trigger(self, **body: Any) -> str:
-        body.setdefault("queue", "default")
-        body.setdefault("lock_key", f"k-{time.monotonic_ns()}")
-        response = await self.client.post("/api/v1/jobs/trigger", json=body)
-        assert response.status_code == 200, response.text
-        job_id: str = response.json()["job_id"]
-        return job_id
-
-    async def status(self, job_id: str) -> dict[str, Any]:
-        response = await self.client.get(f"/api/v1/jobs/{job_id}/status")
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    async def wait_status(self, job_id: str, *statuses: str, within: float = 20) -> dict[str, Any]:
-        """Poll the job's status over HTTP until it is one of `statuses`."""
-        deadline = time.monotonic() + within
-        while True:
-            body = await self.status(job_id)
-            if body["status"] in statuses:
-                return body
-            if time.monotonic() > deadline:
-                raise self._fail(f"job {job_id} still {body['status']!r} after {within}s")
-            await asyncio.sleep(0.05)
+    def describe_failure(self) -> str:
+        return f"\n--- log of {self.name} ---\n{self.logs()}"
 
     # --- teardown -----------------------------------------------------------------------------
 

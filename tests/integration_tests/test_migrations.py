@@ -12,7 +12,7 @@ from dataloader.exceptions import DataloaderError
 from dataloader.storage import db, queries
 from dataloader.storage.migrate import load_migrations, migrate
 
-from .conftest import wait_until
+from .helpers import schema_definitions, wait_until
 
 MIGRATIONS = load_migrations()
 VERSIONS = [m.version for m in MIGRATIONS]
@@ -59,34 +59,6 @@ async def columns(conn: db.Connection) -> dict[tuple[str, str], tuple[object, ..
     return {(r["table_name"], r["column_name"]): tuple(r.values())[2:] for r in rows}
 
 
-async def definitions(conn: db.Connection) -> dict[str, str]:
-    """Indexes, constraints, triggers, the trigger function and the enum of the spec's tables."""
-    found: dict[str, str] = {}
-    for r in await conn.fetch(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = ANY($1::text[])",
-        list(SPEC_TABLES),
-    ):
-        found[f"index {r['indexname']}"] = r["indexdef"]
-    for r in await conn.fetch(
-        "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint"
-        " WHERE conrelid = ANY(ARRAY['dl_jobs'::regclass, 'dl_job_events'::regclass])"
-    ):
-        found[f"constraint {r['conname']}"] = r["def"]
-    for r in await conn.fetch(
-        "SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger"
-        " WHERE tgrelid = 'dl_jobs'::regclass AND NOT tgisinternal"
-    ):
-        found[f"trigger {r['tgname']}"] = r["def"]
-    found["function notify_job_ready"] = await conn.fetchval(
-        "SELECT pg_get_functiondef('notify_job_ready'::regproc)"
-    )
-    found["type dl_status"] = await conn.fetchval(
-        "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum"
-        " WHERE enumtypid = 'dl_status'::regtype"
-    )
-    return found
-
-
 def test_packaged_migrations_are_numbered_from_one_without_gaps() -> None:
     assert list(range(1, len(VERSIONS) + 1)) == VERSIONS
     assert MIGRATIONS[0].name == "spec_schema"
@@ -108,7 +80,7 @@ async def test_empty_database_gets_every_migration(empty_conn: db.Connection) ->
 async def test_second_run_applies_nothing(empty_conn: db.Connection) -> None:
     await migrate(empty_conn)
     before = await empty_conn.fetch("SELECT * FROM dl_schema_migrations ORDER BY version")
-    schema_before = await definitions(empty_conn)
+    schema_before = await schema_definitions(empty_conn)
 
     report = await migrate(empty_conn)
 
@@ -116,7 +88,7 @@ async def test_second_run_applies_nothing(empty_conn: db.Connection) -> None:
     assert report.adopted == []
     assert report.current == VERSIONS[-1]
     assert await empty_conn.fetch("SELECT * FROM dl_schema_migrations ORDER BY version") == before
-    assert await definitions(empty_conn) == schema_before
+    assert await schema_definitions(empty_conn) == schema_before
 
 
 async def test_replicas_migrating_at_once_are_serialised(
@@ -160,7 +132,7 @@ async def test_adopts_a_database_with_the_spec_ddl_applied_by_hand(
     await empty_conn.execute(
         "INSERT INTO dl_job_events (job_id, queue, kind) VALUES ($1, 'q', 'queued')", job_id
     )
-    spec_before = await definitions(empty_conn)
+    spec_before = await schema_definitions(empty_conn)
 
     report = await migrate(empty_conn)  # re-running 0001 would fail: the type exists
 
@@ -170,7 +142,7 @@ async def test_adopts_a_database_with_the_spec_ddl_applied_by_hand(
     row = await empty_conn.fetchrow("SELECT task, args, status::text FROM dl_jobs")
     assert tuple(row.values()) == ("legacy.task", {"a": 1}, "queued")
     assert await empty_conn.fetchval("SELECT count(*) FROM dl_job_events") == 1
-    after = await definitions(empty_conn)
+    after = await schema_definitions(empty_conn)
     assert {key: after.get(key) for key in spec_before} == spec_before
 
     again = await migrate(empty_conn)
@@ -214,7 +186,10 @@ async def test_migrated_schema_has_every_object_of_the_spec_ddl(
     migrated = await db.connect(db_dsn, "test-migrations")  # prepared by migrate()
     try:
         spec_columns, our_columns = await columns(empty_conn), await columns(migrated)
-        spec_defs, our_defs = await definitions(empty_conn), await definitions(migrated)
+        spec_defs, our_defs = (
+            await schema_definitions(empty_conn),
+            await schema_definitions(migrated),
+        )
     finally:
         await migrated.close()
 

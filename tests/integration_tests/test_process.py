@@ -19,7 +19,7 @@ import pytest
 
 from dataloader.storage.migrate import load_migrations
 
-from .conftest import ADVISORY_LOCKS, wait_until
+from .helpers import ADVISORY_LOCKS, schema_definitions, wait_until
 from .procs import DATALOADER_SCRIPT, Launcher, free_port, launched, run_cli
 
 LATEST = max(m.version for m in load_migrations())
@@ -48,33 +48,6 @@ async def events_of(conn: asyncpg.Connection, job_id: str) -> list[tuple[str, di
         job_id,
     )
     return [(r["kind"], json.loads(r["payload"]) if r["payload"] else {}) for r in rows]
-
-
-async def spec_objects(conn: asyncpg.Connection) -> dict[str, str]:
-    """Definitions of the spec's indexes, triggers, trigger function, constraints and enum."""
-    found: dict[str, str] = {}
-    for row in await conn.fetch(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('dl_jobs', 'dl_job_events')"
-    ):
-        found[f"index {row['indexname']}"] = row["indexdef"]
-    for row in await conn.fetch(
-        "SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger"
-        " WHERE tgrelid = 'dl_jobs'::regclass AND NOT tgisinternal"
-    ):
-        found[f"trigger {row['tgname']}"] = row["def"]
-    for row in await conn.fetch(
-        "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint"
-        " WHERE conrelid IN ('dl_jobs'::regclass, 'dl_job_events'::regclass)"
-    ):
-        found[f"constraint {row['conname']}"] = row["def"]
-    found["function notify_job_ready"] = await conn.fetchval(
-        "SELECT pg_get_functiondef('notify_job_ready'::regproc)"
-    )
-    found["type dl_status"] = await conn.fetchval(
-        "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum"
-        " WHERE enumtypid = 'dl_status'::regtype"
-    )
-    return found
 
 
 # --- start-up ----------------------------------------------------------------------------------
@@ -122,7 +95,7 @@ async def test_adopts_a_database_prepared_with_the_spec_ddl(
             " VALUES (gen_random_uuid(), 'default', 'demo.noop', 'by-hand', '{\"x\": 1}',"
             " 'psql') RETURNING job_id"
         )
-        before = await spec_objects(conn)
+        before = await schema_definitions(conn)
         created_at = await conn.fetchval("SELECT created_at FROM dl_jobs WHERE job_id = $1", job_id)
 
         service = launcher.start(empty_db_dsn)
@@ -139,7 +112,7 @@ async def test_adopts_a_database_prepared_with_the_spec_ddl(
         assert json.loads(row["args"]) == {"x": 1}
         assert row["created_at"] == created_at
 
-        after = await spec_objects(conn)
+        after = await schema_definitions(conn)
         assert {f"index {name}" for name in SPEC_INDEXES} <= before.keys()
         assert {f"trigger {name}" for name in SPEC_TRIGGERS} <= before.keys()
         assert {key: after.get(key) for key in before} == before  # nothing changed or dropped
@@ -166,7 +139,7 @@ async def test_a_killed_replicas_job_is_requeued_and_finished_by_another(
 
     second = launcher.start(db_dsn, "B", DL_DEFAULT_LEASE_TTL_SEC="2")
     await second.wait_healthy()
-    body = await second.wait_status(job_id, "succeeded", within=30)
+    body = await second.wait_status(job_id, "succeeded", timeout=30)
     assert body["attempt"] == 2
 
     events = await events_of(conn, job_id)

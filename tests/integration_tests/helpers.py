@@ -1,0 +1,100 @@
+"""Helpers shared by the integration tests: polling, the jobs API client, schema introspection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+
+T = TypeVar("T")
+
+#: Advisory locks held in the current database (pg_locks spans the whole server, which
+#: parallel tests share).
+ADVISORY_LOCKS = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory'
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[T]], timeout: float = 15, what: str = "condition"
+) -> T:
+    """Poll `probe` until it returns something truthy (database state has no events to await)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class JobsApi:
+    """The v1 jobs API over an httpx client (in-process ASGI or a real socket)."""
+
+    client: httpx.AsyncClient
+
+    def describe_failure(self) -> str:
+        """Extra text for a failed wait (a subprocess adds its log)."""
+        return ""
+
+    async def trigger(self, **body: Any) -> str:
+        """POST a trigger (queue `default` and a unique lock_key unless given); the job id."""
+        body.setdefault("queue", "default")
+        body.setdefault("lock_key", f"k-{time.monotonic_ns()}")
+        response = await self.client.post("/api/v1/jobs/trigger", json=body)
+        assert response.status_code == 200, response.text
+        job_id: str = response.json()["job_id"]
+        return job_id
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        response = await self.client.get(f"/api/v1/jobs/{job_id}/status")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def wait_status(self, job_id: str, *statuses: str, timeout: float = 20) -> dict[str, Any]:
+        """Poll the job's status until it is one of `statuses`."""
+
+        async def probe() -> dict[str, Any] | None:
+            body = await self.status(job_id)
+            return body if body["status"] in statuses else None
+
+        try:
+            return await wait_until(probe, timeout, f"job {job_id} to become {statuses}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{self.describe_failure()}") from None
+
+
+async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:
+    """Definitions of the indexes, constraints, triggers, trigger function and enum of the
+    spec's tables, keyed by object."""
+    found: dict[str, str] = {}
+    for r in await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('dl_jobs', 'dl_job_events')"
+    ):
+        found[f"index {r['indexname']}"] = r["indexdef"]
+    for r in await conn.fetch(
+        "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint"
+        " WHERE conrelid IN ('dl_jobs'::regclass, 'dl_job_events'::regclass)"
+    ):
+        found[f"constraint {r['conname']}"] = r["def"]
+    for r in await conn.fetch(
+        "SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger"
+        " WHERE tgrelid = 'dl_jobs'::regclass AND NOT tgisinternal"
+    ):
+        found[f"trigger {r['tgname']}"] = r["def"]
+    found["function notify_job_ready"] = await conn.fetchval(
+        "SELECT pg_get_functiondef('notify_job_ready'::regproc)"
+    )
+    found["type dl_status"] = await conn.fetchval(
+        "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum"
+        " WHERE enumtypid = 'dl_status'::regtype"
+    )
+    return found
