@@ -23,7 +23,14 @@ from dataloader.exceptions import (
     JobLost,
     NonRetryableError,
 )
-from dataloader.storage.repositories import JobRepository, JobState, NewJob, enqueue
+from dataloader.runner import Runner
+from dataloader.storage.repositories import (
+    JobRepository,
+    JobState,
+    NewJob,
+    enqueue,
+    enqueue_many,
+)
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry, pipeline, registry
 
@@ -39,9 +46,11 @@ __all__ = [
     "NewJob",
     "NonRetryableError",
     "PipelineRegistry",
+    "Runner",
     "Settings",
     "WorkerSpec",
     "enqueue",
+    "enqueue_many",
     "pipeline",
     "registry",
 ]

@@ -15,8 +15,7 @@ from dataloader.api.v1.exceptions import install_exception_handlers
 from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Settings
-from dataloader.context import AppContext
-from dataloader.workers.manager import WorkerManager
+from dataloader.runner import Runner
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
@@ -29,18 +28,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        context = await AppContext.open(settings)
-        app.state.app_context = context
-        app.state.jobs_service = JobsService(context.repo, pipelines, settings)
-        app.state.manager = WorkerManager(context, pipelines) if run_workers else None
-        try:
-            if app.state.manager is not None:
-                await app.state.manager.start()
+        async with Runner(settings, pipelines, run_workers=run_workers) as runner:
+            app.state.app_context = runner.context
+            app.state.jobs_service = JobsService(runner.repo, pipelines, settings)
+            app.state.manager = runner.manager
             yield
-        finally:
-            if app.state.manager is not None:
-                await app.state.manager.stop(settings.shutdown_timeout_sec)
-            await context.close()
 
     app = FastAPI(
         title="dataloader",

@@ -36,6 +36,39 @@ WITH ins AS (
 SELECT job_id, status::text AS status, true AS created FROM ins
 """
 
+#: Insert many jobs in one statement (arrays, one element per job; $1 = job ids chosen by the
+#: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped;
+#: the inserted ids come back. Journals `queued` for each inserted job.
+INSERT_JOBS: Final = """
+WITH ins AS (
+    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
+                         priority, available_at, max_attempts, lease_ttl_sec, producer,
+                         consumer_group)
+    SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key, t.lock_key,
+           t.partition_key, t.priority, COALESCE(t.available_at, now()), t.max_attempts,
+           t.lease_ttl_sec, t.producer, t.consumer_group
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::int[], $9::timestamptz[], $10::int[], $11::int[], $12::text[],
+                $13::text[])
+         WITH ORDINALITY AS t(job_id, queue, task, args, idempotency_key, lock_key,
+                              partition_key, priority, available_at, max_attempts,
+                              lease_ttl_sec, producer, consumer_group, ord)
+    ORDER BY t.ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING job_id, queue, available_at
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
+)
+SELECT job_id FROM ins
+"""
+
+#: The jobs holding some idempotency keys.
+JOBS_BY_IDEMPOTENCY: Final = """
+SELECT idempotency_key, job_id, status::text AS status FROM dl_jobs
+WHERE idempotency_key = ANY($1::text[])
+"""
+
 #: The job holding an idempotency key.
 JOB_BY_IDEMPOTENCY: Final = """
 SELECT job_id, status::text AS status, false AS created FROM dl_jobs WHERE idempotency_key = $1

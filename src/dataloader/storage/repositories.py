@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,6 +101,11 @@ class JobRepository:
         """Insert `job`, or return the job that already holds its idempotency key."""
         async with self._pool.acquire() as conn:
             return await enqueue(conn, job)
+
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        """Insert many jobs in one statement; results in input order."""
+        async with self._pool.acquire() as conn:
+            return await enqueue_many(conn, jobs)
 
     # readers -----------------------------------------------------------------------------
 
@@ -251,6 +257,47 @@ async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
             row = await conn.fetchrow(queries.JOB_BY_IDEMPOTENCY, job.idempotency_key)
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), row["created"])
+
+
+async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+    """Insert `jobs` on `conn` in one statement (usable inside the caller's transaction).
+
+    A job whose idempotency_key already exists (or repeats one earlier in `jobs`) is not
+    inserted: its result is the job holding the key. Results come in input order.
+    """
+    if not jobs:
+        return []
+    ids = [uuid.uuid4() for _ in jobs]
+    columns = (
+        ids,
+        [j.queue for j in jobs],
+        [j.task for j in jobs],
+        [json.dumps(j.args) for j in jobs],
+        [j.idempotency_key for j in jobs],
+        [j.lock_key for j in jobs],
+        [j.partition_key for j in jobs],
+        [j.priority for j in jobs],
+        [j.available_at for j in jobs],
+        [j.max_attempts for j in jobs],
+        [j.lease_ttl_sec for j in jobs],
+        [j.producer for j in jobs],
+        [j.consumer_group for j in jobs],
+    )
+    inserted = {row["job_id"] for row in await conn.fetch(queries.INSERT_JOBS, *columns)}
+    keys = [j.idempotency_key for j, i in zip(jobs, ids, strict=True) if i not in inserted]
+    existing: dict[str, tuple[uuid.UUID, JobStatus]] = {}
+    if keys:
+        for row in await conn.fetch(queries.JOBS_BY_IDEMPOTENCY, keys):
+            existing[row["idempotency_key"]] = (row["job_id"], JobStatus(row["status"]))
+    results = []
+    for job, job_id in zip(jobs, ids, strict=True):
+        if job_id in inserted:
+            results.append(EnqueueResult(job_id, JobStatus.QUEUED, True))
+        else:
+            assert job.idempotency_key is not None  # only a key conflict skips an insert
+            found_id, status = existing[job.idempotency_key]
+            results.append(EnqueueResult(found_id, status, False))
+    return results
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -53,6 +54,10 @@ class QueueWorker:
         self._wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
+        #: Set while the last claim found nothing and no job of this queue runs.
+        self.idle = asyncio.Event()
+        #: When (monotonic) the claim that last set `idle` started.
+        self.idle_claim_started = 0.0
 
     @property
     def busy(self) -> int:
@@ -81,7 +86,13 @@ class QueueWorker:
                 continue
             self._wakeup.clear()
             try:
+                claim_started = time.monotonic()
                 jobs = await self._rt.repo.claim(self.queue, free, self._rt.worker_id)
+                if jobs or self._jobs:
+                    self.idle.clear()
+                else:
+                    self.idle_claim_started = claim_started
+                    self.idle.set()
                 if jobs:
                     await self._start(jobs)
                     if len(jobs) == free:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,16 @@ class WorkerManager:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runtime.locks.close()
         log.info("workers stopped")
+
+    async def wait_idle(self) -> None:
+        """Return once every queue, in a claim started after this call, found nothing to
+        claim with none of its jobs running."""
+        since = time.monotonic()
+        for worker in self.queues.values():
+            while not (worker.idle.is_set() and worker.idle_claim_started >= since):
+                worker.idle.clear()
+                worker.wake()
+                await worker.idle.wait()
 
     def wake_all(self) -> None:
         """Every queue polls once (after a listener reconnect)."""
