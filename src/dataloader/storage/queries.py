@@ -188,13 +188,19 @@ RETURNING job_id
 #: for those flagged in $3 (throttled by the caller). Returns the jobs still ours and whether
 #: their cancel was requested; a missing job is no longer ours.
 HEARTBEAT_JOBS: Final = """
-WITH beat AS (
+WITH mine AS (
+    SELECT j.job_id, t.journal FROM dl_jobs j
+    JOIN unnest($1::uuid[], $2::int[], $3::bool[]) AS t(job_id, attempt, journal)
+      ON j.job_id = t.job_id AND j.attempt = t.attempt
+    WHERE j.status = 'running'
+    ORDER BY j.job_id
+    FOR UPDATE OF j
+), beat AS (
     UPDATE dl_jobs j
     SET heartbeat_at = now(),
         lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec)
-    FROM unnest($1::uuid[], $2::int[], $3::bool[]) AS t(job_id, attempt, journal)
-    WHERE j.job_id = t.job_id AND j.status = 'running' AND j.attempt = t.attempt
-    RETURNING j.job_id, j.queue, j.attempt, j.cancel_requested, t.journal
+    FROM mine WHERE j.job_id = mine.job_id
+    RETURNING j.job_id, j.queue, j.attempt, j.cancel_requested, mine.journal
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'heartbeat', jsonb_build_object('attempt', attempt, 'worker', $4::text)
@@ -212,18 +218,28 @@ RETURNING cancel_requested
 
 # --- workers: finish ---------------------------------------------------------------------------
 
-#: Success (spec §6.3), fenced. Clears the error text a failed earlier attempt left behind.
-COMPLETE_JOB: Final = """
-WITH upd AS (
-    UPDATE dl_jobs
+#: Success (spec §6.3) of many jobs at once ($1 ids, $2 attempts), fenced per job; clears the
+#: error text a failed earlier attempt left behind. Rows are locked in
+#: job_id order, as in HEARTBEAT_JOBS, so that concurrent batches cannot deadlock.
+COMPLETE_JOBS: Final = """
+WITH mine AS (
+    SELECT j.job_id FROM dl_jobs j
+    JOIN unnest($1::uuid[], $2::int[]) AS t(job_id, attempt)
+      ON j.job_id = t.job_id AND j.attempt = t.attempt
+    WHERE j.status = 'running'
+    ORDER BY j.job_id
+    FOR UPDATE OF j
+), upd AS (
+    UPDATE dl_jobs j
     SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, error = NULL
-    WHERE job_id = $1 AND status = 'running' AND attempt = $2
-    RETURNING job_id, queue, attempt, started_at, finished_at
+    FROM mine WHERE j.job_id = mine.job_id
+    RETURNING j.job_id, j.queue, j.attempt
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+    FROM upd
 )
-INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
-FROM upd
-RETURNING job_id
+SELECT job_id FROM upd
 """
 
 #: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
@@ -338,8 +354,10 @@ TRY_ADVISORY_LOCKS: Final = """
 SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest($1::bigint[]) AS h
 """
 
-#: Release one session-level advisory lock.
-ADVISORY_UNLOCK: Final = "SELECT pg_advisory_unlock($1::bigint)"
+#: Release session-level advisory locks, one per hash.
+ADVISORY_UNLOCK: Final = (
+    "SELECT count(*) FILTER (WHERE pg_advisory_unlock(h)) FROM unnest($1::bigint[]) AS h"
+)
 
 #: Liveness probe of a dedicated connection.
 PING: Final = "SELECT 1"

@@ -192,10 +192,13 @@ class JobRepository:
         )
         return value
 
-    async def complete(self, job_id: uuid.UUID, attempt: int, worker_id: str) -> bool:
-        """Mark succeeded; False when the job was no longer ours."""
-        done = await self._pool.fetchval(queries.COMPLETE_JOB, job_id, attempt, worker_id)
-        return done is not None
+    async def complete_many(
+        self, jobs: Sequence[tuple[uuid.UUID, int]], worker_id: str
+    ) -> set[uuid.UUID]:
+        """Mark (job_id, attempt) pairs succeeded; returns the ids that were still ours."""
+        ids, attempts = zip(*jobs, strict=True)
+        rows = await self._pool.fetch(queries.COMPLETE_JOBS, list(ids), list(attempts), worker_id)
+        return {row["job_id"] for row in rows}
 
     async def fail(
         self,
@@ -306,9 +309,9 @@ async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> di
     return {r["lock_hash"]: r["locked"] for r in rows}
 
 
-async def advisory_unlock(conn: Connection, lock_hash: int) -> bool:
-    """Release one session-level advisory lock; False if this session did not hold it."""
-    released: bool = await conn.fetchval(queries.ADVISORY_UNLOCK, lock_hash)
+async def advisory_unlock(conn: Connection, lock_hashes: Sequence[int]) -> int:
+    """Release session-level advisory locks; returns how many this session held."""
+    released: int = await conn.fetchval(queries.ADVISORY_UNLOCK, list(lock_hashes))
     return released
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from enum import Enum
 
 from dataloader.exceptions import InvalidJobArgs, JobCanceled, JobLost, NonRetryableError
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.repositories import ClaimedJob
+from dataloader.workers.completer import Completer, Outcome, Result
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
@@ -27,28 +26,14 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 4000
 
 
-class Result(Enum):
-    SUCCEEDED = "succeeded"
-    CANCELED = "canceled"
-    FAILED = "failed"
-    RELEASED = "released"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a run ended, decided before the lock is released and written after."""
-
-    result: Result
-    error: str | None = None
-    retryable: bool = True
-    refund: bool = False
-
-
 class QueueWorker:
     """Serves one queue with `concurrency` slots."""
 
-    def __init__(self, queue: str, concurrency: int, runtime: WorkerRuntime) -> None:
+    def __init__(
+        self, queue: str, concurrency: int, runtime: WorkerRuntime, completer: Completer
+    ) -> None:
         self.queue = queue
+        self._completer = completer
         self.concurrency = concurrency
         self._rt = runtime
         self._wakeup = asyncio.Event()
@@ -134,8 +119,6 @@ class QueueWorker:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
         self._slot_freed.set()
-        # a job waiting on the lock_key this one held may be claimable now
-        self._wakeup.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())
 
@@ -148,11 +131,10 @@ class QueueWorker:
                 log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
                 try:
                     outcome = await self._run_pipeline(running)
-                finally:
-                    # Unlock before writing the outcome: a job waiting on this lock_key is
-                    # not claimable until the status write anyway, and then finds it free.
-                    await self._rt.locks.unlock(job.lock_hash)
-                await self._record(running, outcome)
+                except BaseException:
+                    await self._rt.locks.unlock([job.lock_hash])
+                    raise
+                await self._completer.finish(running, outcome)
         finally:
             self._rt.running.pop(job.job_id, None)
 
@@ -173,43 +155,6 @@ class QueueWorker:
         running.attach(task)
         await asyncio.wait([task])
         return _outcome_of(running)
-
-    async def _record(self, running: RunningJob, outcome: Outcome) -> None:
-        job, repo, worker = running.job, self._rt.repo, self._rt.worker_id
-        try:
-            if outcome.result is Result.SUCCEEDED:
-                written = await repo.complete(job.job_id, job.attempt, worker)
-                log.info("job succeeded" if written else "job finished but was no longer ours")
-            elif outcome.result is Result.CANCELED:
-                written = await repo.mark_canceled(job.job_id, job.attempt, worker)
-                log.info("job canceled" if written else "job stopped but was no longer ours")
-            elif outcome.result is Result.FAILED:
-                kind = await repo.fail(
-                    job.job_id,
-                    job.attempt,
-                    outcome.error or "error",
-                    retryable=outcome.retryable,
-                    retry_base_sec=self._rt.settings.retry_base_sec,
-                    worker_id=worker,
-                )
-                log.warning("job attempt failed (%s): %s", kind or "not ours", outcome.error)
-            else:
-                kind = await repo.release(
-                    job.job_id,
-                    job.attempt,
-                    refund=outcome.refund,
-                    worker_id=worker,
-                    reason=outcome.error or "released",
-                )
-                log.warning("job handed back (%s): %s", kind or "not ours", outcome.error)
-        except Exception as exc:
-            # The lease will expire and the reaper will requeue the job.
-            log.error(
-                "could not record the job's outcome (%s): %r",
-                outcome.result.value,
-                exc,
-                exc_info=_unexpected(exc),
-            )
 
 
 def _outcome_of(running: RunningJob) -> Outcome:

@@ -86,13 +86,15 @@ class LockHolder:
         self._held.difference_update(set(wanted) - got)
         return got
 
-    async def unlock(self, lock_hash: int) -> None:
-        """Release one hash. A lost connection already released it."""
-        if lock_hash not in self._held:
+    async def unlock(self, lock_hashes: Iterable[int]) -> None:
+        """Release hashes held by this process, in one round trip. A lost connection already
+        released them."""
+        held = [h for h in set(lock_hashes) if h in self._held]
+        if not held:
             return
-        self._held.discard(lock_hash)
+        self._held.difference_update(held)
         with contextlib.suppress(LockConnectionLost):
-            await self._run(repositories.advisory_unlock, lock_hash)
+            await self._run(repositories.advisory_unlock, held)
 
     async def ping(self) -> None:
         """Check the connection end to end; a failure counts as losing it."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataloader.storage.repositories import JobRepository
 from dataloader.workers.base import QueueWorker
+from dataloader.workers.completer import Completer
 from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
@@ -39,8 +40,9 @@ class WorkerManager:
             registry=registry,
             worker_id=new_worker_id(),
         )
+        self.completer = Completer(self.runtime, on_written=self._queue_ready)
         self.queues = {
-            spec.queue: QueueWorker(spec.queue, spec.concurrency, self.runtime)
+            spec.queue: QueueWorker(spec.queue, spec.concurrency, self.runtime, self.completer)
             for spec in settings.workers
         }
         self.listener = Listener(
@@ -98,6 +100,7 @@ class WorkerManager:
                 for running in list(self.runtime.running.values()):
                     running.hand_back()
                 await asyncio.wait(pending, timeout=10)
+        await self.completer.wait_flushed()
         self._stop_all.set()
         await asyncio.wait(self._tasks, timeout=5)
         for task in self._tasks:
