@@ -11,8 +11,8 @@ Settings changed from dataloader defaults (everything else is default):
 
 from __future__ import annotations
 
-import time
 import asyncio
+import time
 from importlib.metadata import version
 from typing import Any
 
@@ -85,8 +85,6 @@ async def latency(samples: int, interval_s: float, concurrency: int = 10) -> lis
         seen[ctx.args["i"]] = time.perf_counter() - ctx.args["t0"]
 
     async with Runner(_settings(concurrency), registry) as dl:
-
-
         await asyncio.sleep(_common.WORKER_START_S)
         total = _common.WARMUP_JOBS + samples
         for i in range(total):

@@ -1,0 +1,442 @@
+"""dataloader's benchmark suite: one command, a table on stdout, JSON in benchmarks/results/.
+
+    python benchmarks/run.py                       # embedded PostgreSQL (no server needed)
+    python benchmarks/run.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
+    python benchmarks/run.py --only drain_c10,latency --quick
+
+Every phase starts from a freshly created database `dl_bench` (migrated), runs the library or
+the service exactly as users do (full protocol: lease, advisory lock per lock_key, journal,
+fencing) with PostgreSQL's default durability, and reports jobs/s or milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
+from dataloader.storage.embedded import get_server
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DBNAME = "dl_bench"
+QUEUE = "bench"
+
+Phase = Callable[["Bench"], Awaitable[dict[str, Any]]]
+PHASES: dict[str, Phase] = {}
+
+
+def phase(name: str) -> Callable[[Phase], Phase]:
+    def register(fn: Phase) -> Phase:
+        PHASES[name] = fn
+        return fn
+
+    return register
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+def percentile(values: list[float], p: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[round(p) - 1]
+
+
+def job(i: int, args: dict[str, Any] | None = None) -> NewJob:
+    return NewJob(queue=QUEUE, task="noop", lock_key=f"job-{i}", args=args or {})
+
+
+class Bench:
+    """Database handling shared by the phases."""
+
+    def __init__(self, admin_dsn: str, quick: bool) -> None:
+        self.admin_dsn = admin_dsn
+        self.dsn = with_database(admin_dsn, DBNAME)
+        self.quick = quick
+
+    def n(self, full: int) -> int:
+        return max(1, full // 10) if self.quick else full
+
+    async def fresh_database(self) -> None:
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{DBNAME}"')
+        finally:
+            await conn.close()
+        async with Runner(self.settings(auto_migrate=True), run_workers=False):
+            pass
+
+    def settings(self, concurrency: int = 1, **overrides: Any) -> Settings:
+        return Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            db_dsn=self.dsn,
+            workers=[WorkerSpec(queue=QUEUE, concurrency=concurrency)],
+            **({"auto_migrate": False} | overrides),
+        )
+
+    async def sql(self, query: str, *args: Any) -> Any:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            return await conn.fetchval(query, *args)
+        finally:
+            await conn.close()
+
+    async def bulk_insert(self, n: int) -> None:
+        async with Runner(self.settings(), run_workers=False) as dl:
+            for start in range(0, n, 1000):
+                await dl.repo.enqueue_many([job(i) for i in range(start, min(n, start + 1000))])
+
+    async def drain(self, n: int, concurrency: int) -> float:
+        """Seconds to run `n` queued no-op jobs to `succeeded` (worker start and stop included)."""
+        registry = noop_registry()
+        started = time.perf_counter()
+        async with Runner(self.settings(concurrency), registry) as dl:
+            await dl.run_until_empty()
+        elapsed = time.perf_counter() - started
+        done = await self.sql("SELECT count(*) FROM dl_jobs WHERE status = 'succeeded'")
+        if done != n:
+            raise RuntimeError(f"drain incomplete: {done} of {n} succeeded")
+        return elapsed
+
+
+def noop_registry() -> PipelineRegistry:
+    registry = PipelineRegistry()
+
+    @registry.register("noop")
+    async def noop(ctx: JobContext[dict[str, Any]]) -> None:
+        return None
+
+    return registry
+
+
+@phase("enqueue_single")
+async def enqueue_single(b: Bench) -> dict[str, Any]:
+    n = b.n(2000)
+    async with Runner(b.settings(), run_workers=False) as dl:
+        started = time.perf_counter()
+        for i in range(n):
+            await dl.repo.enqueue(job(i))
+        elapsed = time.perf_counter() - started
+    return {"jobs": n, "jobs_per_s": n / elapsed}
+
+
+@phase("enqueue_bulk")
+async def enqueue_bulk(b: Bench) -> dict[str, Any]:
+    n = b.n(20000)
+    started = time.perf_counter()
+    await b.bulk_insert(n)
+    return {"jobs": n, "batch": 1000, "jobs_per_s": n / (time.perf_counter() - started)}
+
+
+def _drain_phase(concurrency: int) -> Phase:
+    async def run(b: Bench) -> dict[str, Any]:
+        n = b.n(20000 if concurrency > 1 else 5000)
+        await b.bulk_insert(n)
+        elapsed = await b.drain(n, concurrency)
+        return {"jobs": n, "concurrency": concurrency, "jobs_per_s": n / elapsed}
+
+    return run
+
+
+for _c in (1, 10, 50):
+    phase(f"drain_c{_c}")(_drain_phase(_c))
+
+
+def _drain_in_process(dsn: str, concurrency: int) -> None:
+    async def main() -> None:
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            db_dsn=dsn,
+            workers=[WorkerSpec(queue=QUEUE, concurrency=concurrency)],
+            auto_migrate=False,
+        )
+        async with Runner(settings, noop_registry()) as dl:
+            await dl.run_until_empty()
+
+    asyncio.run(main())
+
+
+@phase("drain_2proc")
+async def drain_two_processes(b: Bench) -> dict[str, Any]:
+    n = b.n(20000)
+    await b.bulk_insert(n)
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_drain_in_process, args=(b.dsn, 10)) for _ in range(2)]
+    started = time.perf_counter()
+    for proc in procs:
+        proc.start()
+    await asyncio.to_thread(lambda: [proc.join() for proc in procs])
+    elapsed = time.perf_counter() - started
+    done = await b.sql("SELECT count(*) FROM dl_jobs WHERE status = 'succeeded'")
+    if done != n:
+        raise RuntimeError(f"drain incomplete: {done} of {n}")
+    return {"jobs": n, "processes": 2, "concurrency": 10, "jobs_per_s": n / elapsed}
+
+
+@phase("latency")
+async def latency(b: Bench) -> dict[str, Any]:
+    samples, warmup, interval = b.n(200), 5, 0.02
+    seen: dict[int, float] = {}
+    registry = PipelineRegistry()
+
+    @registry.register("noop")
+    async def record(ctx: JobContext[dict[str, Any]]) -> None:
+        seen[ctx.args["i"]] = time.perf_counter() - ctx.args["t0"]
+
+    async with Runner(b.settings(10), registry) as dl:
+        await asyncio.sleep(1.0)  # the listener reaches LISTEN
+        for i in range(warmup + samples):
+            await dl.repo.enqueue(job(i, {"i": i, "t0": time.perf_counter()}))
+            await asyncio.sleep(interval)
+        deadline = time.monotonic() + 30
+        while len(seen) < warmup + samples and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    values = [seen[i] * 1000 for i in range(warmup, warmup + samples)]
+    return {
+        "samples": samples,
+        "p50_ms": percentile(values, 50),
+        "p95_ms": percentile(values, 95),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values),
+    }
+
+
+async def _first_jobs_rate(b: Bench, backlog: int, measured: int) -> float:
+    """jobs/s over the first `measured` jobs drained out of `backlog` ready ones."""
+    await b.fresh_database()
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        # Setup data straight in SQL (no `queued` events): only the claim path is measured.
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, created_at)"
+            " SELECT gen_random_uuid(), $1, 'noop', 'job-' || i,"
+            " now() - make_interval(secs => $2 - i) FROM generate_series(1, $2) AS i",
+            QUEUE,
+            backlog,
+        )
+        await conn.execute("VACUUM ANALYZE dl_jobs")
+        async with Runner(b.settings(10), noop_registry()):
+            started = time.perf_counter()
+            while (
+                await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'done'")
+                < measured
+            ):
+                await asyncio.sleep(0.05)
+            elapsed = time.perf_counter() - started
+    finally:
+        await conn.close()
+    return measured / elapsed
+
+
+@phase("backlog")
+async def backlog(b: Bench) -> dict[str, Any]:
+    measured = b.n(10000)
+    small = await _first_jobs_rate(b, b.n(10000) + measured, measured)
+    large = await _first_jobs_rate(b, b.n(1_000_000), measured)
+    return {
+        "measured_jobs": measured,
+        "jobs_per_s_10k": small,
+        "jobs_per_s_1m": large,
+        "ratio": large / small,
+    }
+
+
+async def _http_load(port: int, requests: int, clients: int) -> list[float]:
+    """Keep-alive HTTP/1.1 POSTs from `clients` connections; returns latencies (ms).
+
+    A bare asyncio client: a full-featured one would spend more CPU than the server measured.
+    """
+    latencies: list[float] = []
+    counter = iter(range(requests))
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for i in counter:
+                body = json.dumps(
+                    {"queue": "http", "task": "noop", "lock_key": f"http-{i}"}
+                ).encode()
+                head = (
+                    f"POST /api/v1/jobs/trigger HTTP/1.1\r\nHost: bench\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                started = time.perf_counter()
+                writer.write(head + body)
+                status = await reader.readline()
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                latencies.append((time.perf_counter() - started) * 1000)
+                if b" 200 " not in status:
+                    raise RuntimeError(f"trigger answered {status!r}")
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies
+
+
+def _start_service(b: Bench, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DL_")}
+    full_env.update({"DL_DB_DSN": b.dsn, "DL_HTTP_PORT": str(port), "DL_LOG_LEVEL": "WARNING"})
+    full_env.update(env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataloader"],
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, port
+
+
+async def _wait_healthy(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n")
+            if b" 200 " in await reader.readline():
+                writer.close()
+                return
+            writer.close()
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError("service did not become healthy")
+
+
+@phase("http_trigger")
+async def http_trigger(b: Bench) -> dict[str, Any]:
+    requests, clients = b.n(10000), 32
+    proc, port = _start_service(b, {"WORKERS_JSON": "[]"})
+    try:
+        await _wait_healthy(port)
+        await _http_load(port, 200, clients)  # warm-up
+        started = time.perf_counter()
+        values = await _http_load(port, requests, clients)
+        elapsed = time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {
+        "requests": requests,
+        "clients": clients,
+        "requests_per_s": requests / elapsed,
+        "p50_ms": percentile(values, 50),
+        "p99_ms": percentile(values, 99),
+    }
+
+
+@phase("idle_footprint")
+async def idle_footprint(b: Bench) -> dict[str, Any]:
+    workers = json.dumps([{"queue": f"q{i}", "concurrency": 10} for i in range(10)])
+    proc, port = _start_service(b, {"WORKERS_JSON": workers})
+    try:
+        await _wait_healthy(port)
+        await asyncio.sleep(3)  # settle: pools filled, loops idle
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        rss_kb = int(
+            next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]
+        )
+        connections = await b.sql(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = $1 AND application_name LIKE 'dataloader%'",
+            DBNAME,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"slots": 100, "rss_mb": rss_kb / 1024, "connections": connections}
+
+
+def admin_dsn(args: argparse.Namespace) -> str:
+    if args.dsn:
+        return str(args.dsn)
+    server = get_server(ROOT / ".dataloader-bench" / "pgdata")
+    dsn: str = server.get_uri("postgres")
+    return dsn
+
+
+async def server_facts(dsn: str) -> dict[str, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        names = (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "shared_buffers",
+        )
+        return {name: await conn.fetchval(f"SHOW {name}") for name in names}
+    finally:
+        await conn.close()
+
+
+def show(results: dict[str, Any]) -> str:
+    rows = [("phase", "result")]
+    for name, value in results["phases"].items():
+        shown = ", ".join(
+            f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()
+        )
+        rows.append((name, shown))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"| {a.ljust(width)} | {c} |" for a, c in rows]
+    lines.insert(1, f"|{'-' * (width + 2)}|{'-' * 40}|")
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", help="admin DSN of a server (default: embedded PostgreSQL)")
+    parser.add_argument("--only", help="comma-separated phases: " + ", ".join(PHASES))
+    parser.add_argument("--quick", action="store_true", help="a tenth of the jobs (smoke test)")
+    parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/…)")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(PHASES)
+    unknown = set(names) - PHASES.keys()
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    bench = Bench(admin_dsn(args), args.quick)
+    results: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "postgres": await server_facts(bench.admin_dsn),
+        "phases": {},
+    }
+    for name in names:
+        print(f"… {name}", file=sys.stderr, flush=True)
+        await bench.fresh_database()
+        results["phases"][name] = await PHASES[name](bench)
+    out = args.out or RESULTS / f"{results['started_at'].replace(':', '')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(show(results))
+    print(f"\nJSON: {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
