@@ -193,20 +193,21 @@ async def drain_two_processes(b: Bench) -> dict[str, Any]:
 async def latency(b: Bench) -> dict[str, Any]:
     samples, warmup, interval = b.n(200), 5, 0.02
     seen: dict[int, float] = {}
+    all_seen = asyncio.Event()
     registry = PipelineRegistry()
 
     @registry.register("noop")
     async def record(ctx: JobContext[dict[str, Any]]) -> None:
         seen[ctx.args["i"]] = time.perf_counter() - ctx.args["t0"]
+        if len(seen) == warmup + samples:
+            all_seen.set()
 
     async with Runner(b.settings(10), registry) as dl:
         await asyncio.sleep(1.0)  # the listener reaches LISTEN
         for i in range(warmup + samples):
             await dl.repo.enqueue(job(i, {"i": i, "t0": time.perf_counter()}))
             await asyncio.sleep(interval)
-        deadline = time.monotonic() + 30
-        while len(seen) < warmup + samples and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(all_seen.wait(), timeout=30)
     values = [seen[i] * 1000 for i in range(warmup, warmup + samples)]
     return {
         "samples": samples,
@@ -231,16 +232,23 @@ async def _first_jobs_rate(b: Bench, backlog: int, measured: int) -> float:
             backlog,
         )
         await conn.execute("VACUUM ANALYZE dl_jobs")
-        async with Runner(b.settings(10), noop_registry()):
-            started = time.perf_counter()
-            while (
-                await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'done'")
-                < measured
-            ):
-                await asyncio.sleep(0.05)
-            elapsed = time.perf_counter() - started
     finally:
         await conn.close()
+    handled = 0
+    reached = asyncio.Event()
+    registry = PipelineRegistry()
+
+    @registry.register("noop")
+    async def count(ctx: JobContext[dict[str, Any]]) -> None:
+        nonlocal handled
+        handled += 1
+        if handled == measured:
+            reached.set()
+
+    async with Runner(b.settings(10), registry):
+        started = time.perf_counter()
+        await asyncio.wait_for(reached.wait(), timeout=600)
+        elapsed = time.perf_counter() - started
     return measured / elapsed
 
 
@@ -357,7 +365,7 @@ async def idle_footprint(b: Bench) -> dict[str, Any]:
     try:
         await _wait_healthy(port)
         await asyncio.sleep(3)  # settle: pools filled, loops idle
-        status = Path(f"/proc/{proc.pid}/status").read_text()
+        status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
         rss_kb = int(
             next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]
         )
