@@ -129,8 +129,10 @@ WITH candidates AS (
     SELECT j.job_id, j.lock_key, j.priority, j.created_at
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = $1 AND j.available_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM dl_jobs r WHERE r.status = 'running' AND r.lock_key = j.lock_key)
+      -- A per-row probe of ix_dl_jobs_running_lock_key. Wrapped in a scalar subquery on
+      -- purpose: a bare NOT EXISTS becomes an anti-join that may scan every running job.
+      AND NOT (SELECT EXISTS (
+          SELECT 1 FROM dl_jobs r WHERE r.status = 'running' AND r.lock_key = j.lock_key))
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT $2
     FOR UPDATE SKIP LOCKED
