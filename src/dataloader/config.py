@@ -36,6 +36,7 @@ class Settings(BaseSettings):
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
+        allow_inf_nan=False,
         populate_by_name=True,
     )
 
@@ -48,16 +49,21 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("WORKERS_JSON", "workers"),
         description='Queues served by this process, e.g. [{"queue":"load.cbr","concurrency":2}].',
     )
-    heartbeat_sec: float = Field(default=10, gt=0, description="Lease extension period.")
+    heartbeat_sec: float = Field(default=10, gt=0, le=86_400, description="Lease extension period.")
     default_lease_ttl_sec: int = Field(
         default=60, gt=0, le=2_147_483_647, description="Lease of jobs triggered without one."
     )
-    reaper_period_sec: float = Field(default=10, gt=0, description="Expired-lease sweep period.")
+    reaper_period_sec: float = Field(
+        default=10, gt=0, le=86_400, description="Expired-lease sweep period."
+    )
     claim_backoff_sec: float = Field(
-        default=15, ge=0, description="Delay before retrying a job whose lock_key is busy."
+        default=15,
+        ge=0,
+        le=86_400,
+        description="Delay before retrying a job whose lock_key is busy.",
     )
     retry_base_sec: float = Field(
-        default=30, ge=0, description="Retry delay = DL_RETRY_BASE_SEC x attempt."
+        default=30, ge=0, le=86_400, description="Retry delay = DL_RETRY_BASE_SEC x attempt."
     )
     http_host: str = Field(default="127.0.0.1", min_length=1)
     http_port: int = Field(default=8000, ge=0, le=65_535)
@@ -66,13 +72,16 @@ class Settings(BaseSettings):
         description="Comma-separated modules imported at start to register pipelines.",
     )
     shutdown_timeout_sec: float = Field(
-        default=30, ge=0, description="Grace period for running jobs on SIGTERM."
+        default=30, ge=0, le=86_400, description="Grace period for running jobs on SIGTERM."
     )
     auto_migrate: bool = Field(default=True, description="Apply migrations at start.")
     data_dir: Path = Field(default=Path(".dataloader"), description="Embedded PostgreSQL home.")
     log_level: str = Field(default="INFO", description="Root log level.")
     poll_interval_sec: float = Field(
-        default=5, gt=0, description="Safety poll when no notification arrives (jittered)."
+        default=5,
+        gt=0,
+        le=86_400,
+        description="Safety poll when no notification arrives (jittered).",
     )
     db_pool_size: int = Field(default=10, ge=2, le=1000, description="Queue pool connections.")
 

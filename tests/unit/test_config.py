@@ -173,3 +173,12 @@ def test_pipeline_module_failing_at_import_is_a_config_error(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"^DL_PIPELINE_MODULES: .*dl_broken_pipelines.*boom"):
         import_pipelines(["dl_broken_pipelines"])
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300"])
+def test_non_finite_or_huge_timings_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("DL_RETRY_BASE_SEC", value)
+    with pytest.raises(ConfigError, match=r"^DL_RETRY_BASE_SEC"):
+        load_settings(_env_file=None)

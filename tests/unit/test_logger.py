@@ -447,3 +447,10 @@ def test_importing_the_package_configures_nothing() -> None:
         "assert logging.getLogger('uvicorn').handlers == []\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_lone_surrogate_is_escaped_so_the_line_can_be_written() -> None:
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "half an emoji \ud83d", None, None)
+    line = JsonFormatter().format(record)
+    line.encode("utf-8")  # would raise UnicodeEncodeError on the raw surrogate
+    assert "\\ud83d" in line

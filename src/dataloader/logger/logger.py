@@ -73,7 +73,12 @@ class JsonFormatter(logging.Formatter):
             line["exc"] = mask_text(record.exc_text)
         if record.stack_info:
             line["stack"] = mask_text(self.formatStack(record.stack_info))
-        return json.dumps(line, ensure_ascii=False, default=_json_default)
+        text = json.dumps(line, ensure_ascii=False, default=_json_default)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (e.g. half an emoji in an error message)
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text
 
     def _extras(self, record: logging.LogRecord) -> dict[str, Any]:
         extras: dict[str, Any] = {}

@@ -39,6 +39,15 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: Statement timeout (client side) of the queue's pool.
+COMMAND_TIMEOUT_SEC = 60.0
+
+
+def storable_text(text: str) -> str:
+    """`text` as PostgreSQL can store it: NUL and lone surrogates written as escapes."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 async def _init_connection(conn: Connection) -> None:
     """jsonb in and out as Python objects (asyncpg's default is text)."""
     for type_name in ("json", "jsonb"):
@@ -64,6 +73,8 @@ async def create_pool(dsn: str, size: int, application_name: str) -> Pool:
         max_size=size,
         init=_init_connection,
         timeout=10.0,
+        # No queue statement takes long; one that hangs (a half-open socket) must fail.
+        command_timeout=COMMAND_TIMEOUT_SEC,
         server_settings={"application_name": application_name},
     )
     return pool

@@ -50,10 +50,9 @@ WITH ins AS (
     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::text[], $8::int[], $9::timestamptz[], $10::int[], $11::int[], $12::text[],
                 $13::text[])
-         WITH ORDINALITY AS t(job_id, queue, task, args, idempotency_key, lock_key,
-                              partition_key, priority, available_at, max_attempts,
-                              lease_ttl_sec, producer, consumer_group, ord)
-    ORDER BY t.ord
+         AS t(job_id, queue, task, args, idempotency_key, lock_key, partition_key, priority,
+              available_at, max_attempts, lease_ttl_sec, producer, consumer_group)
+    ORDER BY t.idempotency_key  -- one key order for every batch: no deadlock between batches
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, available_at
 ), ev AS (
@@ -164,21 +163,24 @@ SELECT EXTRACT(EPOCH FROM min(available_at) - now())::float8 AS seconds
 FROM dl_jobs WHERE status = 'queued' AND queue = $1 AND available_at > now()
 """
 
-#: Busy lock_key: hand the job back for $3 seconds and refund the attempt (it never ran).
+#: Busy lock_key: hand the job back for $3 seconds and refund the attempt (it never ran); a job
+#: whose cancel was requested meanwhile ends `canceled` instead.
 BACKOFF_JOB: Final = """
 WITH upd AS (
     UPDATE dl_jobs
-    SET status = 'queued',
+    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
+                      ELSE 'queued'::dl_status END,
         attempt = attempt - 1,
         available_at = now() + make_interval(secs => $3::float8),
         lease_expires_at = NULL,
+        finished_at = CASE WHEN cancel_requested THEN now() END,
         started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
         heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
     WHERE job_id = $1 AND status = 'running' AND attempt = $2
-    RETURNING job_id, queue
+    RETURNING job_id, queue, status
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue, 'backoff',
+SELECT job_id, queue, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'backoff' END,
        jsonb_build_object('attempt', $2::int, 'worker', $4::text, 'delay_sec', $3::float8)
 FROM upd
 RETURNING job_id
@@ -391,6 +393,3 @@ SELECT to_regclass('dl_jobs') IS NOT NULL AS jobs,
        to_regclass('dl_job_events') IS NOT NULL AS events,
        to_regtype('dl_status') IS NOT NULL AS status_type
 """
-
-#: Create a database (the embedded server's); the name is ours, never user input.
-DATABASE_EXISTS: Final = "SELECT 1 FROM pg_database WHERE datname = $1"

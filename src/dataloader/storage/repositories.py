@@ -196,6 +196,8 @@ class JobRepository:
         self, jobs: Sequence[tuple[uuid.UUID, int]], worker_id: str
     ) -> set[uuid.UUID]:
         """Mark (job_id, attempt) pairs succeeded; returns the ids that were still ours."""
+        if not jobs:
+            return set()
         ids, attempts = zip(*jobs, strict=True)
         rows = await self._pool.fetch(queries.COMPLETE_JOBS, list(ids), list(attempts), worker_id)
         return {row["job_id"] for row in rows}

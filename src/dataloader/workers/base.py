@@ -12,7 +12,7 @@ import time
 
 from dataloader.exceptions import InvalidJobArgs, JobCanceled, JobLost, NonRetryableError
 from dataloader.logger import log_context
-from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.db import CONNECTION_ERRORS, storable_text
 from dataloader.storage.repositories import ClaimedJob
 from dataloader.workers.completer import Completer, Outcome, Result
 from dataloader.workers.job_context import JobContext
@@ -80,8 +80,9 @@ class QueueWorker:
                     self.idle.set()
                 if jobs:
                     await self._start(jobs)
-                    if len(jobs) == free:
-                        continue  # there may be more ready jobs
+                    # There may be more: a batch also comes back short when several of its
+                    # candidates shared a lock_key, and nothing would wake us for the others.
+                    continue
                 timeout = await self._idle_timeout()
             except Exception as exc:  # the loop must outlive any database trouble
                 log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
@@ -102,19 +103,27 @@ class QueueWorker:
             for job in jobs:  # nothing could be locked: give them back at once
                 await self._backoff(job, 0.0, "the lock connection is down")
             return
-        for job in jobs:
+        busy: list[ClaimedJob] = []
+        for job in jobs:  # no await in this loop: every lock taken gets its job started
             if job.lock_hash in locked:
                 locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
                 task = asyncio.create_task(self._execute(job), name=f"dataloader-job-{job.job_id}")
                 self._jobs.add(task)
                 task.add_done_callback(self._finished)
             else:
-                await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
+                busy.append(job)
+        for job in busy:
+            await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
 
     async def _backoff(self, job: ClaimedJob, delay: float, why: str) -> None:
+        """Hand a job that cannot run now back to the queue. If that write fails, the lease
+        expires and the reaper requeues the job."""
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
             log.info("%s (%r); retrying the job in %.1fs", why, job.lock_key, delay)
-            await self._rt.repo.backoff(job, delay, self._rt.worker_id)
+            try:
+                await self._rt.repo.backoff(job, delay, self._rt.worker_id)
+            except Exception as exc:
+                log.warning("could not hand the job back: %r", exc, exc_info=_unexpected(exc))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
@@ -126,6 +135,8 @@ class QueueWorker:
         running = RunningJob(job)
         self._rt.running[job.job_id] = running
         self._rt.job_started.set()
+        if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
+            running.lose("the lock connection was lost before the job started")
         try:
             with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
                 log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
@@ -146,12 +157,15 @@ class QueueWorker:
             return Outcome(Result.FAILED, f"no pipeline registered for task {job.task!r}")
         try:
             args = found.parse_args(job.args)
+            ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
+            task: asyncio.Task[object] = asyncio.create_task(
+                found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}"
+            )
         except InvalidJobArgs as exc:
             return Outcome(Result.FAILED, f"invalid args: {exc}", retryable=False)
-        ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
-        task: asyncio.Task[object] = asyncio.create_task(
-            found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}"
-        )
+        except Exception as exc:  # a broken args model or handler: retrying cannot help
+            log.error("pipeline could not start", exc_info=exc)
+            return Outcome(Result.FAILED, _error_text(exc), retryable=False)
         running.attach(task)
         await asyncio.wait([task])
         return _outcome_of(running)
@@ -186,6 +200,10 @@ def _unexpected(exc: BaseException) -> bool:
 
 
 def _error_text(exc: BaseException) -> str:
-    """`Type: message`, storable in a text column (no NUL, bounded length)."""
-    text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")
-    return text[:MAX_ERROR_CHARS]
+    """`Type: message`, storable in a text column (no NUL, no lone surrogate, bounded)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable error>"
+    text = f"{type(exc).__name__}: {message}"[:MAX_ERROR_CHARS]
+    return storable_text(text)

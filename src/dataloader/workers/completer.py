@@ -80,12 +80,15 @@ class Completer:
     async def wait_flushed(self) -> None:
         """Return once every queued success is written (or could not be)."""
         while self._flusher is not None and not self._flusher.done():
-            await asyncio.shield(self._flusher)  # a cancelled waiter must not stop the flush
+            await asyncio.wait([self._flusher])  # never cancels or re-raises the shared flush
 
     async def _flush_all(self) -> None:
         while self._batch:
             batch, self._batch = self._batch, []
-            await self._flush(batch)
+            try:
+                await self._flush(batch)
+            except Exception as exc:  # keep flushing later batches; leases cover this one
+                log.error("flushing %d succeeded job(s) failed", len(batch), exc_info=exc)
             for queue in {job.queue for job in batch}:
                 self._on_written(queue)  # a job waiting on a lock_key may be claimable now
 

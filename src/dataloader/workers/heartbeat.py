@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 #: A `heartbeat` journal row per job at most this often (the lease is extended every beat).
 JOURNAL_EVERY_SEC = 60.0
+#: A job whose lease was last extended this fraction of its TTL ago is stopped (self-fencing).
+LEASE_MARGIN = 0.9
 
 
 class Heartbeat:
@@ -45,16 +47,32 @@ class Heartbeat:
                 continue
             last_beat = time.monotonic()
             try:
-                await self.beat_once()
+                # bounded: a hung connection must not keep us from fencing stale jobs below
+                await asyncio.wait_for(self.beat_once(), timeout=max(self.period(), 1.0))
             except Exception as exc:  # keep beating: the next one may get through
                 log.warning(
                     "heartbeat failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
                 )
+            self.fence_stale()
+
+    def fence_stale(self) -> None:
+        """Stop jobs whose lease we could not extend in time: by the time it expires, another
+        worker may take the job, and two runs must never overlap. (A local clock, used only
+        to stop early; the lease itself is the database's.)"""
+        now = time.monotonic()
+        for r in list(self._rt.running.values()):
+            margin = r.job.lease_ttl_sec * LEASE_MARGIN
+            if r.state.lost_reason is None and now - r.lease_extended_at > margin:
+                log.error("job %s: lease not extended in time; stopping it", r.job.job_id)
+                r.lose("the lease could not be extended before it expired")
 
     async def beat_once(self) -> None:
-        """One heartbeat for every running job."""
+        """One heartbeat for every running job, then a probe of the lock connection."""
+        await self._extend_leases()
         with contextlib.suppress(LockConnectionLost):
             await self._rt.locks.ping()  # on failure the holder stops the jobs it had locked
+
+    async def _extend_leases(self) -> None:
         running = [r for r in self._rt.running.values() if r.state.lost_reason is None]
         if not running:
             return
@@ -69,8 +87,10 @@ class Heartbeat:
         for r in running:
             cancel = alive.get(r.job.job_id)
             if cancel is None:
-                if r.job.job_id in self._rt.running:  # not finished meanwhile
+                if self._rt.running.get(r.job.job_id) is r:  # not finished meanwhile
                     log.warning("job %s is no longer ours; stopping it", r.job.job_id)
                     r.lose("lease lost: the job was taken back by the reaper")
-            elif cancel:
+                continue
+            r.lease_extended_at = now
+            if cancel:
                 r.request_cancel()

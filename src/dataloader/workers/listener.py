@@ -15,6 +15,9 @@ from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for the answer to the listener's periodic ping.
+PING_TIMEOUT_SEC = 10.0
+
 
 class Listener:
     """LISTEN on `dl_jobs` and `dl_jobs_cancel`."""
@@ -69,7 +72,8 @@ class Listener:
             while not stopping.is_set():
                 if await wait_any(stopping, self._closed, timeout=self._check_period):
                     return
-                await repositories.ping(conn)  # a silent half-open socket shows up here
+                # a silent half-open socket shows up here, as a timeout
+                await asyncio.wait_for(repositories.ping(conn), PING_TIMEOUT_SEC)
         finally:
             self.connected.clear()
             self._conn = None

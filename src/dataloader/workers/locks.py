@@ -20,6 +20,9 @@ from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for the lock connection's answer before it counts as lost.
+OPERATION_TIMEOUT_SEC = 10.0
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -40,10 +43,9 @@ class LockHolder:
         self.ready = asyncio.Event()
         self._lost = asyncio.Event()
 
-    @property
-    def held(self) -> frozenset[int]:
-        """Hashes currently locked by this process."""
-        return frozenset(self._held)
+    def holds(self, lock_hash: int) -> bool:
+        """Whether this process holds (or is acquiring) `lock_hash`."""
+        return lock_hash in self._held
 
     @property
     def backend_pid(self) -> int | None:
@@ -130,7 +132,11 @@ class LockHolder:
                 self._lose("lock connection closed")
                 raise LockConnectionLost("lock connection closed")
             try:
-                return await op(conn, *args, **kwargs)
+                return await asyncio.wait_for(op(conn, *args, **kwargs), OPERATION_TIMEOUT_SEC)
+            except TimeoutError as exc:
+                # a half-open socket: nothing comes back, and nothing says it is gone
+                self._lose(f"lock connection did not answer within {OPERATION_TIMEOUT_SEC}s")
+                raise LockConnectionLost("lock connection timed out") from exc
             except CONNECTION_ERRORS as exc:
                 self._lose(f"lock connection failed: {exc!r}")
                 raise LockConnectionLost(str(exc)) from exc

@@ -99,7 +99,13 @@ class WorkerManager:
                 log.warning("handing %d unfinished job(s) back to the queue", len(pending))
                 for running in list(self.runtime.running.values()):
                     running.hand_back()
-                await asyncio.wait(pending, timeout=10)
+                _, stuck = await asyncio.wait(pending, timeout=10)
+                if stuck:
+                    log.error(
+                        "%d pipeline(s) ignored cancellation; their locks go with the lock"
+                        " connection and the reaper will requeue their jobs",
+                        len(stuck),
+                    )
         await self.completer.wait_flushed()
         self._stop_all.set()
         await asyncio.wait(self._tasks, timeout=5)
@@ -118,6 +124,7 @@ class WorkerManager:
                 worker.idle.clear()
                 worker.wake()
                 await worker.idle.wait()
+        await self.completer.wait_flushed()
 
     def wake_all(self) -> None:
         """Every queue polls once (after a listener reconnect)."""

@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,9 +32,16 @@ class RunningJob:
 
     job: ClaimedJob
     state: RunState = field(default_factory=RunState)
+
+    def __post_init__(self) -> None:
+        # a cancel requested between the claim and now is already in the claimed row
+        self.state.cancel_requested = self.job.cancel_requested
+
     task: asyncio.Task[object] | None = None
     handback: bool = False
     last_journaled: float = float("-inf")  # the first heartbeat of a run is journaled
+    #: When (monotonic) the lease was last extended: the claim, then each heartbeat.
+    lease_extended_at: float = field(default_factory=time.monotonic)
 
     def attach(self, task: asyncio.Task[object]) -> None:
         """The pipeline's task; stopped at once if the job was lost or handed back already."""

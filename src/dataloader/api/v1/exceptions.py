@@ -28,12 +28,26 @@ async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+#: Longest echoed `input` string in a 422 answer.
+MAX_ECHO_CHARS = 200
+
+
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    # FastAPI's own handler, except that the echoed `input` may hold what Python's json module
-    # parses but a JSON response cannot carry: NaN/Infinity (sent as strings) and unpaired
-    # surrogates from "\ud800" escapes (sent as U+FFFD).
+    # FastAPI's own answer, except for the echoed `input`: containers are not echoed (they can
+    # be nested deeper than the encoder's recursion limit, or be megabytes long), strings are
+    # cut short, and what Python's json module parses but a JSON response cannot carry is
+    # made safe: NaN/Infinity (sent as strings), unpaired surrogates (sent as U+FFFD).
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(errors))})
+    detail = []
+    for error in errors:
+        shown = {key: value for key, value in error.items() if key != "input"}
+        echoed = error.get("input")
+        if isinstance(echoed, str):
+            shown["input"] = echoed[:MAX_ECHO_CHARS]
+        elif isinstance(echoed, int | float | bool) or echoed is None:
+            shown["input"] = echoed
+        detail.append(shown)
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(detail))})
 
 
 def _json_safe(value: Any) -> Any:

@@ -16,6 +16,7 @@ The task name is the stable contract stored in `dl_jobs.task`; the function name
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,6 +48,8 @@ class Pipeline:
             return self.args_model.model_validate(args)
         except ValidationError as exc:
             raise InvalidJobArgs(_describe(exc)) from None
+        except Exception as exc:  # a validator raising TypeError & co. is not wrapped by pydantic
+            raise InvalidJobArgs(f"args: {type(exc).__name__}: {exc}") from None
 
 
 class PipelineRegistry:
@@ -61,6 +64,8 @@ class PipelineRegistry:
             raise ValueError("task name must not be empty")
 
         def decorate(handler: H) -> H:
+            if not inspect.iscoroutinefunction(handler):
+                raise TypeError(f"pipeline {task!r} must be an `async def` function")
             existing = self._pipelines.get(task)
             if existing is not None and existing.handler is not handler:
                 raise ValueError(f"task {task!r} is already registered")
