@@ -43,6 +43,10 @@ async def status(request: Request) -> JSONResponse:
         counts = await asyncio.wait_for(
             state.app_context.repo.queue_counts(), STATUS_DB_TIMEOUT_SEC
         )
+    except TimeoutError:
+        # slow (a huge table, a lock) or unreachable: say which we know
+        body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
+        return JSONResponse(status_code=503, content=body)
     except CONNECTION_ERRORS:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
