@@ -56,6 +56,12 @@ async def _init_connection(conn: Connection) -> None:
         )
 
 
+async def _skip_reset(conn: Connection) -> None:
+    """Released pool connections skip asyncpg's reset query (`pg_advisory_unlock_all(); CLOSE
+    ALL; UNLISTEN *; RESET ALL`): a round trip per statement, for state our statements never
+    leave. asyncpg still ends any open transaction first."""
+
+
 async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Connection:
     """A dedicated connection (listener, lock holder, migrations)."""
     conn: Connection = await asyncpg.connect(
@@ -66,12 +72,14 @@ async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Con
 
 
 async def create_pool(dsn: str, size: int, application_name: str) -> Pool:
-    """The pool behind the API and the workers' short statements."""
+    """The pool behind the API and the workers' short statements. Its connections must not be
+    left with session state (session advisory locks, LISTEN, SET): they are not reset."""
     pool = await asyncpg.create_pool(
         dsn,
         min_size=1,
         max_size=size,
         init=_init_connection,
+        reset=_skip_reset,
         timeout=10.0,
         # No queue statement takes long; one that hangs (a half-open socket) must fail.
         command_timeout=COMMAND_TIMEOUT_SEC,
