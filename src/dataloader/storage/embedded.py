@@ -20,7 +20,8 @@ DATABASE = "dataloader"
 
 
 def get_server(pgdata: Path) -> Any:
-    """Start (or join) the embedded server whose cluster lives in `pgdata`."""
+    """Start (or join) the embedded server whose cluster lives in `pgdata` (created if needed)."""
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless here.
         warnings.simplefilter("ignore")
