@@ -10,6 +10,10 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
+from dataloader.workers.job_context import JobContext
+from dataloader.workers.manager import WorkerManager
+from dataloader.workers.pipelines.registry import PipelineRegistry
+
 T = TypeVar("T")
 
 #: Advisory locks held in the current database (pg_locks spans the whole server, which
@@ -70,6 +74,34 @@ class JobsApi:
             return await wait_until(probe, timeout, f"job {job_id} to become {statuses}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}{self.describe_failure()}") from None
+
+
+def block_first_attempt(registry: PipelineRegistry, task: str) -> asyncio.Event:
+    """Register `task`: its first attempt blocks until cancelled (then sets the returned event),
+    later attempts return at once."""
+    stopped = asyncio.Event()
+
+    @registry.register(task)
+    async def block(ctx: JobContext[dict[str, Any]]) -> None:
+        if ctx.attempt > 1:
+            return
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    return stopped
+
+
+def pipeline_running(manager: WorkerManager, job_id: str) -> Callable[[], Awaitable[bool]]:
+    """A probe: the job's pipeline task runs in `manager`'s process."""
+
+    async def probe() -> bool:
+        running = manager.runtime.running
+        return any(str(j) == job_id and r.task is not None for j, r in running.items())
+
+    return probe
 
 
 async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:

@@ -16,26 +16,17 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
+from .helpers import block_first_attempt, pipeline_running, wait_until
 
 
 async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires(
     start_service: StartService, registry: PipelineRegistry, db_dsn: str
 ) -> None:
-    stopped = asyncio.Event()
-
-    @registry.register("t.long")
-    async def long(ctx: JobContext[dict[str, Any]]) -> None:
-        if ctx.attempt > 1:
-            return
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            stopped.set()
-            raise
+    stopped = block_first_attempt(registry, "t.long")
 
     service = await start_service()
     job_id = await service.trigger(task="t.long", lease_ttl_sec=2)
-    await service.wait_status(job_id, "running")
+    await wait_until(pipeline_running(service.manager, job_id), what="the pipeline to start")
     blocker = await asyncpg.connect(db_dsn)
     transaction = blocker.transaction()
     await transaction.start()

@@ -14,6 +14,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
+from .helpers import block_first_attempt, pipeline_running
 
 
 async def count(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -177,19 +178,11 @@ async def test_reaper_pass_handles_many_expired_leases_once_each(
 async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
     start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
 ) -> None:
-    stopped = asyncio.Event()
-
-    @registry.register("t.forever")
-    async def forever(ctx: JobContext[dict[str, Any]]) -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            stopped.set()
-            raise
+    stopped = block_first_attempt(registry, "t.forever")
 
     service = await start_service()
     job_id = await service.trigger(task="t.forever")
-    await wait_until(_pipeline_running(service, job_id), what="the pipeline to start")
+    await wait_until(pipeline_running(service.manager, job_id), what="the pipeline to start")
     # Meanwhile the lease was reaped and another worker claimed attempt 2.
     await conn.execute(
         "UPDATE dl_jobs SET attempt = attempt + 1, lease_expires_at = now() + interval '1 hour'"
@@ -206,14 +199,6 @@ async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
     assert (row["status"], row["attempt"], row["ours"]) == ("running", 2, True)
 
 
-def _pipeline_running(service: Any, job_id: str) -> Any:
-    async def probe() -> bool:
-        running = service.manager.runtime.running
-        return any(str(j) == job_id and r.task is not None for j, r in running.items())
-
-    return probe
-
-
 async def _not_running(service: Any, job_id: str) -> bool:
     return all(str(j) != job_id for j in service.manager.runtime.running)
 
@@ -221,21 +206,11 @@ async def _not_running(service: Any, job_id: str) -> bool:
 async def test_lost_lock_connection_stops_the_pipeline_and_requeues_the_job(
     start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
 ) -> None:
-    stopped = asyncio.Event()
-
-    @registry.register("t.hold")
-    async def hold(ctx: JobContext[dict[str, Any]]) -> None:
-        if ctx.attempt > 1:
-            return
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            stopped.set()
-            raise
+    stopped = block_first_attempt(registry, "t.hold")
 
     service = await start_service()
     job_id = await service.trigger(task="t.hold", lock_key="held-key")
-    await wait_until(_pipeline_running(service, job_id), what="the pipeline to start")
+    await wait_until(pipeline_running(service.manager, job_id), what="the pipeline to start")
     locks = service.manager.runtime.locks
     pid = locks.backend_pid
     assert pid is not None
