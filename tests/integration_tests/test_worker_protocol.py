@@ -112,8 +112,10 @@ async def test_busy_lock_keys_cause_no_backoff_storm(
         await first.wait_status(job_id, "succeeded", timeout=60)
     backoffs = await count(conn, "SELECT count(*) FROM dl_job_events WHERE kind = 'backoff'")
     # Jobs whose key is visibly running are not claimed, so backoffs only come from two
-    # replicas claiming the same key in the same instant: a few, never one per waiting job.
-    assert backoffs <= 8, f"{backoffs} backoffs for 40 jobs on 2 keys"
+    # replicas claiming the same key in the same instant: a few (0-3 here), never one per
+    # waiting job. Claiming them regardless gave 77 backoffs for these 40 jobs. The bound is
+    # generous because the race window widens on a loaded machine.
+    assert backoffs < 20, f"{backoffs} backoffs for 40 jobs on 2 keys"
 
 
 async def test_reaper_requeues_an_expired_lease_and_the_job_runs_again(
