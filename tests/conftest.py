@@ -81,29 +81,27 @@ def template_db(admin_dsn: str) -> str:
     return name
 
 
-def _create_db(admin_dsn: str, template: str) -> str:
-    name = f"dl_t_{uuid.uuid4().hex[:12]}"
+def _admin(admin_dsn: str, statement: str) -> None:
+    """Run one maintenance statement (CREATE/DROP DATABASE) on the test server."""
 
-    async def create() -> None:
+    async def run() -> None:
         conn = await asyncpg.connect(admin_dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            await conn.execute(statement)
         finally:
             await conn.close()
 
-    asyncio.run(create())
+    asyncio.run(run())
+
+
+def _create_db(admin_dsn: str, template: str) -> str:
+    name = f"dl_t_{uuid.uuid4().hex[:12]}"
+    _admin(admin_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return name
 
 
 def _drop_db(admin_dsn: str, name: str) -> None:
-    async def drop() -> None:
-        conn = await asyncpg.connect(admin_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    _admin(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -104,6 +104,15 @@ def pipeline_running(manager: WorkerManager, job_id: str) -> Callable[[], Awaita
     return probe
 
 
+async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
+    """The kinds of a job's journal rows, oldest first."""
+    rows = await conn.fetch(
+        "SELECT kind FROM dl_job_events WHERE job_id = $1::text::uuid ORDER BY event_id",
+        str(job_id),
+    )
+    return [r["kind"] for r in rows]
+
+
 async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:
     """Definitions of the indexes, constraints, triggers, trigger function and enum of the
     spec's tables, keyed by object."""

@@ -16,7 +16,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
-from .helpers import block_first_attempt, pipeline_running, wait_until
+from .helpers import block_first_attempt, event_kinds, pipeline_running, wait_until
 
 
 async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires(
@@ -114,13 +114,7 @@ async def test_a_cancel_that_lands_before_a_backoff_cancels_the_job(
     body = await service.status(job_id)
     assert (body["status"], body["attempt"]) == ("canceled", 0)
     assert body["finished_at"] is not None
-    kinds = [
-        r["kind"]
-        for r in await conn.fetch(
-            "SELECT kind FROM dl_job_events WHERE job_id = $1 ORDER BY event_id", job_id
-        )
-    ]
-    assert kinds[-1] == "canceled"
+    assert (await event_kinds(conn, job_id))[-1] == "canceled"
 
 
 def _nested(depth: int, leaf: Any = 1) -> Any:

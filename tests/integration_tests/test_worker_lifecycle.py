@@ -13,13 +13,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until
-
-
-async def events_of(conn: asyncpg.Connection, job_id: str) -> list[str]:
-    rows = await conn.fetch(
-        "SELECT kind FROM dl_job_events WHERE job_id = $1 ORDER BY event_id", job_id
-    )
-    return [r["kind"] for r in rows]
+from .helpers import event_kinds
 
 
 async def test_noop_job_succeeds_and_is_journaled(
@@ -31,7 +25,7 @@ async def test_noop_job_succeeds_and_is_journaled(
     assert body["attempt"] == 1
     assert body["started_at"] is not None
     assert body["finished_at"] is not None
-    assert await events_of(conn, job_id) == ["queued", "picked", "done"]
+    assert await event_kinds(conn, job_id) == ["queued", "picked", "done"]
     lease = await conn.fetchval("SELECT lease_expires_at FROM dl_jobs WHERE job_id = $1", job_id)
     assert lease is None
 
@@ -63,7 +57,7 @@ async def test_heartbeat_extends_the_lease_while_the_job_runs(
     await wait_until(beaten, what="a heartbeat")
     release.set()
     await service.wait_status(job_id, "succeeded")
-    kinds = await events_of(conn, job_id)
+    kinds = await event_kinds(conn, job_id)
     assert kinds[:2] == ["queued", "picked"]
     assert kinds[-1] == "done"
     assert "heartbeat" in kinds  # the first beat of a job is journaled
@@ -75,7 +69,7 @@ async def test_retries_then_success(start_service: StartService, conn: asyncpg.C
     body = await service.wait_status(job_id, "succeeded")
     assert body["attempt"] == 3
     assert body["error"] is None
-    kinds = await events_of(conn, job_id)
+    kinds = await event_kinds(conn, job_id)
     assert kinds.count("requeue") == 2
     assert kinds[-1] == "done"
 

@@ -14,7 +14,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
-from .helpers import block_first_attempt, pipeline_running
+from .helpers import block_first_attempt, event_kinds, pipeline_running
 
 
 async def count(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -131,13 +131,7 @@ async def test_reaper_requeues_an_expired_lease_and_the_job_runs_again(
     service = await start_service()
     body = await service.wait_status(job_id, "succeeded")
     assert body["attempt"] == 2
-    kinds = [
-        r["kind"]
-        for r in await conn.fetch(
-            "SELECT kind FROM dl_job_events WHERE job_id = $1 ORDER BY event_id", job_id
-        )
-    ]
-    assert kinds == ["requeue", "picked", "done"]
+    assert await event_kinds(conn, job_id) == ["requeue", "picked", "done"]
 
 
 async def test_lease_expired_on_the_last_attempt_is_lost(

@@ -16,6 +16,7 @@ import pytest
 from dataloader.api.os_router import package_version
 
 from ..conftest import StartService, wait_until
+from ..helpers import event_kinds
 from .constants import (
     HEALTH_URL,
     INVALID_RAW_BODIES,
@@ -34,13 +35,6 @@ from .constants import (
 async def count_rows(conn: asyncpg.Connection, table: str) -> int:
     value: int = await conn.fetchval(f"SELECT count(*) FROM {table}")
     return value
-
-
-async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
-    rows = await conn.fetch(
-        "SELECT kind FROM dl_job_events WHERE job_id = $1 ORDER BY event_id", uuid.UUID(job_id)
-    )
-    return [r["kind"] for r in rows]
 
 
 def error_locs(body: dict[str, Any]) -> list[tuple[str | int, ...]]:
