@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
+import logging
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 import uvicorn
@@ -24,6 +26,13 @@ from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_text
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.storage.migrate import MigrationReport
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from dataloader.workers.manager import WorkerManager
+
+log = logging.getLogger(__name__)
 
 app = typer.Typer(add_completion=False, help="PostgreSQL job queue and job runner.")
 
@@ -61,6 +70,23 @@ def _stopped_by_signal(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(0)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, where a second SIGTERM or SIGINT stops at once: running jobs are
+    handed back without waiting out DL_SHUTDOWN_TIMEOUT_SEC. (uvicorn alone forces its exit
+    only on a second SIGINT, and never shortens the application's own shutdown.)"""
+
+    def __init__(self, config: uvicorn.Config, hurry: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._hurry = hurry
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            log.warning("second stop signal: handing running jobs back now")
+            self.force_exit = True
+            self._hurry()
+        super().handle_exit(sig, frame)
+
+
 def _tune_gc() -> None:
     """Keep the cyclic garbage collector off the request path. The long-lived objects of
     start-up (modules, FastAPI routes, pydantic schemas) are frozen out of its scans, and it
@@ -79,6 +105,12 @@ async def _prepare_database(settings: Settings) -> Settings:
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 
+def _hurry_workers(application: FastAPI) -> None:
+    manager: WorkerManager | None = application.state.manager
+    if manager is not None:
+        manager.hurry()
+
+
 @app.command()
 def serve() -> None:
     """Run the HTTP API, the workers and the reaper in this process."""
@@ -93,16 +125,18 @@ def serve() -> None:
         _fail(f"invalid configuration: {exc}", 2)
     except DataloaderError as exc:
         _fail(str(exc), 1)
-    server = uvicorn.Server(
+    application = create_app(settings)
+    server = _Server(
         uvicorn.Config(
-            create_app(settings),
+            application,
             host=settings.http_host,
             port=settings.http_port,
             log_config=build_uvicorn_log_config(settings.log_level),
             timeout_graceful_shutdown=5,
             access_log=False,  # RequestContextMiddleware logs each request with its id
             proxy_headers=False,
-        )
+        ),
+        hurry=lambda: _hurry_workers(application),
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stopped_by_signal)

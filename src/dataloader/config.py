@@ -84,6 +84,21 @@ class Settings(BaseSettings):
         description="Safety poll when no notification arrives (jittered).",
     )
     db_pool_size: int = Field(default=10, ge=2, le=1000, description="Queue pool connections.")
+    db_timeout_sec: float = Field(
+        default=10,
+        gt=0,
+        le=3600,
+        description="Longest wait for the database's answer to one of dataloader's own"
+        " statements; a connection that does not answer in time is closed and replaced (this"
+        " is how a half-open connection is found).",
+    )
+    long_transaction_sec: float = Field(
+        default=300,
+        gt=0,
+        le=86_400 * 365,
+        description="/status warns of a transaction open longer than this: it keeps vacuum"
+        " from removing the queue table's dead rows.",
+    )
 
     @field_validator("db_dsn")
     @classmethod

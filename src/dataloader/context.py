@@ -59,7 +59,9 @@ class AppContext:
             report = await run_migrations(dsn)
             log.info("schema at version %d", report.current)
         try:
-            pool = await db.create_pool(dsn, settings.db_pool_size, "dataloader")
+            pool = await db.create_pool(
+                dsn, settings.db_pool_size, "dataloader", settings.db_timeout_sec
+            )
         except db.CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {exc}") from exc
         engine = db.create_engine(dsn)
@@ -69,7 +71,7 @@ class AppContext:
             pool=pool,
             engine=engine,
             sessionmaker=db.create_sessionmaker(engine),
-            repo=JobRepository(pool),
+            repo=JobRepository(pool, settings.db_timeout_sec),
         )
 
     async def close(self) -> None:

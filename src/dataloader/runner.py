@@ -70,6 +70,12 @@ class Runner:
             if self._context is not None:
                 await self._context.close()
 
+    def hurry(self) -> None:
+        """Cut the grace period of a stop in progress (or to come) short: unfinished jobs are
+        handed back at once. Safe to call from a signal handler."""
+        if self._manager is not None:
+            self._manager.hurry()
+
     async def run_until_empty(self) -> None:
         """Return once every served queue has no ready job and nothing running."""
         if self._manager is None:

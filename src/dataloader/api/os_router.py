@@ -7,6 +7,7 @@ from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -39,10 +40,11 @@ async def status(request: Request) -> JSONResponse:
             for w in (state.manager.queues.values() if state.manager else [])
         ],
     }
+    repo = state.app_context.repo
     try:
-        counts = await asyncio.wait_for(
-            state.app_context.repo.queue_counts(), STATUS_DB_TIMEOUT_SEC
-        )
+        async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
+            counts = await repo.queue_counts()
+            maintenance = await repo.maintenance()
     except TimeoutError:
         # slow (a huge table, a lock) or unreachable: say which we know
         body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
@@ -50,5 +52,20 @@ async def status(request: Request) -> JSONResponse:
     except CONNECTION_ERRORS:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
-    body.update(status="ok", database="ok", queues=counts)
-    return JSONResponse(content=body)
+    warnings = _vacuum_warnings(maintenance, state.app_context.settings.long_transaction_sec)
+    body.update(status="ok", database="ok", queues=counts, **maintenance, warnings=warnings)
+    return JSONResponse(content=jsonable_encoder(body))
+
+
+def _vacuum_warnings(maintenance: dict[str, Any], limit_sec: float) -> list[str]:
+    """Why the queue table may be bloating: a transaction open too long."""
+    oldest = maintenance["oldest_transaction"]
+    if oldest is None or oldest["age_sec"] < limit_sec:
+        return []
+    table = maintenance["queue_table"] or {}
+    return [
+        f"a transaction has been open for {oldest['age_sec']:.0f}s (pid {oldest['pid']},"
+        f" {oldest['state']}, application {oldest['application_name']!r}): vacuum cannot"
+        f" remove the queue table's dead rows ({table.get('dead_tuples', '?')} now) until it"
+        " ends"
+    ]

@@ -39,8 +39,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-#: Statement timeout (client side) of the queue's pool.
-COMMAND_TIMEOUT_SEC = 60.0
+#: Default of DL_DB_TIMEOUT_SEC: the longest wait for an answer to one of our statements.
+DEFAULT_TIMEOUT_SEC = 10.0
 
 
 def storable_text(text: str) -> str:
@@ -71,7 +71,9 @@ async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Con
     return conn
 
 
-async def create_pool(dsn: str, size: int, application_name: str) -> Pool:
+async def create_pool(
+    dsn: str, size: int, application_name: str, timeout: float = DEFAULT_TIMEOUT_SEC
+) -> Pool:
     """The pool behind the API and the workers' short statements. Its connections must not be
     left with session state (session advisory locks, LISTEN, SET): they are not reset."""
     pool = await asyncpg.create_pool(
@@ -82,7 +84,7 @@ async def create_pool(dsn: str, size: int, application_name: str) -> Pool:
         reset=_skip_reset,
         timeout=10.0,
         # No queue statement takes long; one that hangs (a half-open socket) must fail.
-        command_timeout=COMMAND_TIMEOUT_SEC,
+        command_timeout=timeout,
         server_settings={"application_name": application_name},
     )
     return pool

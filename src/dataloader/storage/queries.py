@@ -4,6 +4,10 @@ Rules kept by all statements below:
 * times come from the database clock (`now()`), never from the worker;
 * every write after a claim is fenced on `status = 'running'` and the claimed `attempt`, so a
   worker whose lease was reaped can never overwrite the job's new owner;
+* a statement that finds its rows by primary key tests the status as `status::text`, and the
+  lock_key probe as `(status = 'running') IS TRUE`: the spec's `ix_dl_jobs_status_queue` cannot
+  serve either form, so stale statistics cannot make the planner read every running job
+  instead (migration 0004 says more);
 * a state change and its `dl_job_events` row are written by the same statement.
 """
 
@@ -87,6 +91,26 @@ QUEUE_COUNTS: Final = """
 SELECT queue, status::text AS status, count(*) AS n FROM dl_jobs GROUP BY queue, status
 """
 
+#: The oldest transaction of this database still holding back the xmin horizon (vacuum cannot
+#: remove rows that died after it started), other than our own session. No query text: it may
+#: hold secrets.
+OLDEST_TRANSACTION: Final = """
+SELECT pid, state, application_name,
+       EXTRACT(EPOCH FROM now() - xact_start)::float8 AS age_sec
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+ORDER BY xact_start
+LIMIT 1
+"""
+
+#: Dead row versions in the queue table and its last vacuum.
+QUEUE_TABLE_HEALTH: Final = """
+SELECT n_dead_tup AS dead_tuples, n_live_tup AS live_tuples,
+       GREATEST(last_vacuum, last_autovacuum) AS last_vacuum
+FROM pg_stat_user_tables WHERE relid = 'dl_jobs'::regclass
+"""
+
 #: A job's journal, oldest first.
 JOB_EVENTS: Final = """
 SELECT event_id, kind, ts, payload FROM dl_job_events WHERE job_id = $1 ORDER BY event_id
@@ -103,7 +127,7 @@ WITH upd AS (
         status = CASE WHEN status = 'queued' THEN 'canceled'::dl_status ELSE status END,
         finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
     WHERE job_id = $1
-      AND (status = 'queued' OR (status = 'running' AND NOT cancel_requested))
+      AND (status::text = 'queued' OR (status::text = 'running' AND NOT cancel_requested))
     RETURNING job_id, queue, status, attempt
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -128,10 +152,11 @@ WITH candidates AS (
     SELECT j.job_id, j.lock_key, j.priority, j.created_at
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = $1 AND j.available_at <= now()
-      -- A per-row probe of ix_dl_jobs_running_lock_key. Wrapped in a scalar subquery on
-      -- purpose: a bare NOT EXISTS becomes an anti-join that may scan every running job.
+      -- A per-row probe of ix_dl_jobs_running_key. Wrapped in a scalar subquery on purpose:
+      -- a bare NOT EXISTS becomes an anti-join that may scan every running job.
       AND NOT (SELECT EXISTS (
-          SELECT 1 FROM dl_jobs r WHERE r.status = 'running' AND r.lock_key = j.lock_key))
+          SELECT 1 FROM dl_jobs r
+          WHERE (r.status = 'running') IS TRUE AND r.lock_key = j.lock_key))
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -176,7 +201,7 @@ WITH upd AS (
         finished_at = CASE WHEN cancel_requested THEN now() END,
         started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
         heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
-    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
     RETURNING job_id, queue, status
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -196,7 +221,7 @@ WITH mine AS (
     SELECT j.job_id, t.journal FROM dl_jobs j
     JOIN unnest($1::uuid[], $2::int[], $3::bool[]) AS t(job_id, attempt, journal)
       ON j.job_id = t.job_id AND j.attempt = t.attempt
-    WHERE j.status = 'running'
+    WHERE j.status::text = 'running'
     ORDER BY j.job_id
     FOR UPDATE OF j
 ), beat AS (
@@ -216,7 +241,7 @@ SELECT job_id, cancel_requested FROM beat
 #: Store a running job's progress. Returns cancel_requested, or no row if the job is not ours.
 SET_PROGRESS: Final = """
 UPDATE dl_jobs SET progress = $3::jsonb
-WHERE job_id = $1 AND status = 'running' AND attempt = $2
+WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
 RETURNING cancel_requested
 """
 
@@ -230,7 +255,7 @@ WITH mine AS (
     SELECT j.job_id FROM dl_jobs j
     JOIN unnest($1::uuid[], $2::int[]) AS t(job_id, attempt)
       ON j.job_id = t.job_id AND j.attempt = t.attempt
-    WHERE j.status = 'running'
+    WHERE j.status::text = 'running'
     ORDER BY j.job_id
     FOR UPDATE OF j
 ), upd AS (
@@ -261,7 +286,7 @@ WITH upd AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
                            THEN NULL ELSE now() END
-    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
     RETURNING job_id, queue, status, attempt, available_at
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -279,7 +304,7 @@ CANCEL_RUNNING_JOB: Final = """
 WITH upd AS (
     UPDATE dl_jobs
     SET status = 'canceled', finished_at = now(), lease_expires_at = NULL
-    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
     RETURNING job_id, queue, attempt
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -304,7 +329,7 @@ WITH upd AS (
                            THEN now() END,
         error = CASE WHEN NOT cancel_requested AND NOT ($3 OR attempt < max_attempts)
                      THEN $5 ELSE error END
-    WHERE job_id = $1 AND status = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
     RETURNING job_id, queue, status, attempt
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -362,6 +387,18 @@ SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest($1::bigint[
 ADVISORY_UNLOCK: Final = (
     "SELECT count(*) FILTER (WHERE pg_advisory_unlock(h)) FROM unnest($1::bigint[]) AS h"
 )
+
+#: This session's identity: pid and start time (a pid alone may be reused).
+SESSION_IDENTITY: Final = """
+SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
+"""
+
+#: End a session of ours we gave up on (matched by pid and start time). A lock connection that
+#: went half-open keeps its advisory locks on the server until the server notices the silence,
+#: which TCP keepalive does after hours by default; ending it frees them now.
+END_SESSION: Final = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2
+"""
 
 #: Liveness probe of a dedicated connection.
 PING: Final = "SELECT 1"

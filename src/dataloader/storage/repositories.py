@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from asyncpg import Record
 
 from dataloader.base import JobStatus
 from dataloader.storage import queries
-from dataloader.storage.db import AnyConnection, Connection, Pool
+from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,45 +97,88 @@ class JobEvent:
 
 
 class JobRepository:
-    """Queue operations over a connection pool."""
+    """Queue operations over a connection pool.
 
-    def __init__(self, pool: Pool) -> None:
+    Every statement waits at most `timeout` seconds for its connection and for its answer (the
+    pool's command timeout). A statement that timed out or was cancelled (a pipeline being
+    stopped) closes its connection at once: asyncpg would otherwise wait for the server to
+    confirm the cancel before handing the connection back, which a half-open socket never
+    does, and a stopped pipeline must stop now, not after that wait.
+    """
+
+    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
         self._pool = pool
+        self._timeout = timeout
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
+        """A pool connection, closed instead of reused if a statement was cut short."""
+        conn = await self._pool.acquire(timeout=self._timeout)
+        try:
+            yield conn
+        except (asyncio.CancelledError, TimeoutError):
+            conn.terminate()  # its statement may still be in flight
+            raise
+        finally:
+            await self._pool.release(conn, timeout=self._timeout)
+
+    async def _fetch(self, query: str, *args: Any) -> list[Record]:
+        async with self._conn() as conn:
+            return await conn.fetch(query, *args)
+
+    async def _fetchrow(self, query: str, *args: Any) -> Record | None:
+        async with self._conn() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def _fetchval(self, query: str, *args: Any) -> Any:
+        async with self._conn() as conn:
+            return await conn.fetchval(query, *args)
 
     # producers ---------------------------------------------------------------------------
 
     async def enqueue(self, job: NewJob) -> EnqueueResult:
         """Insert `job`, or return the job that already holds its idempotency key."""
-        async with self._pool.acquire() as conn:
+        async with self._conn() as conn:
             return await enqueue(conn, job)
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Insert many jobs in one statement; results in input order."""
-        async with self._pool.acquire() as conn:
+        async with self._conn() as conn:
             return await enqueue_many(conn, jobs)
 
     # readers -----------------------------------------------------------------------------
 
     async def get(self, job_id: uuid.UUID) -> JobState | None:
         """The job's state, or None when there is no such job."""
-        row = await self._pool.fetchrow(queries.JOB_STATUS, job_id)
+        row = await self._fetchrow(queries.JOB_STATUS, job_id)
         return None if row is None else _job_state(row)
 
     async def events(self, job_id: uuid.UUID) -> list[JobEvent]:
         """The job's journal, oldest first."""
-        rows = await self._pool.fetch(queries.JOB_EVENTS, job_id)
+        rows = await self._fetch(queries.JOB_EVENTS, job_id)
         return [JobEvent(r["event_id"], r["kind"], r["ts"], r["payload"]) for r in rows]
 
     async def queue_counts(self) -> dict[str, dict[str, int]]:
         """{queue: {status: count}} over the whole table."""
         counts: dict[str, dict[str, int]] = {}
-        for row in await self._pool.fetch(queries.QUEUE_COUNTS):
+        for row in await self._fetch(queries.QUEUE_COUNTS):
             counts.setdefault(row["queue"], {})[row["status"]] = row["n"]
         return counts
 
+    async def maintenance(self) -> dict[str, Any]:
+        """The queue table's dead rows and the oldest transaction that may keep vacuum from
+        removing them (None when no transaction is open)."""
+        async with self._conn() as conn:
+            table = await conn.fetchrow(queries.QUEUE_TABLE_HEALTH)
+            oldest = await conn.fetchrow(queries.OLDEST_TRANSACTION)
+        return {
+            "queue_table": dict(table) if table is not None else None,
+            "oldest_transaction": dict(oldest) if oldest is not None else None,
+        }
+
     async def cancel(self, job_id: uuid.UUID) -> JobState | None:
         """Cancel a job (see `queries.CANCEL_JOB`) and return its state after the request."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._conn() as conn, conn.transaction():
             new_status = await conn.fetchval(queries.CANCEL_JOB, job_id)
             if new_status == JobStatus.RUNNING:
                 await conn.execute(queries.NOTIFY_CANCEL, str(job_id))
@@ -139,7 +189,7 @@ class JobRepository:
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
-        rows = await self._pool.fetch(queries.CLAIM_JOBS, queue, limit, worker_id)
+        rows = await self._fetch(queries.CLAIM_JOBS, queue, limit, worker_id)
         return [
             ClaimedJob(
                 job_id=r["job_id"],
@@ -160,12 +210,12 @@ class JobRepository:
 
     async def next_due_in(self, queue: str) -> float | None:
         """Seconds until the queue's earliest delayed job is due, or None."""
-        value: float | None = await self._pool.fetchval(queries.NEXT_DUE_IN, queue)
+        value: float | None = await self._fetchval(queries.NEXT_DUE_IN, queue)
         return value
 
     async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> bool:
         """Busy lock: requeue after `delay_sec`, refunding the attempt. False if not ours."""
-        done = await self._pool.fetchval(
+        done = await self._fetchval(
             queries.BACKOFF_JOB, job.job_id, job.attempt, delay_sec, worker_id
         )
         return done is not None
@@ -178,7 +228,7 @@ class JobRepository:
         if not beats:
             return {}
         ids, attempts, journal = zip(*beats, strict=True)
-        rows = await self._pool.fetch(
+        rows = await self._fetch(
             queries.HEARTBEAT_JOBS, list(ids), list(attempts), list(journal), worker_id
         )
         return {r["job_id"]: r["cancel_requested"] for r in rows}
@@ -187,9 +237,7 @@ class JobRepository:
         self, job_id: uuid.UUID, attempt: int, progress: dict[str, Any]
     ) -> bool | None:
         """Store progress; returns cancel_requested, or None when the job is not ours."""
-        value: bool | None = await self._pool.fetchval(
-            queries.SET_PROGRESS, job_id, attempt, progress
-        )
+        value: bool | None = await self._fetchval(queries.SET_PROGRESS, job_id, attempt, progress)
         return value
 
     async def complete_many(
@@ -199,7 +247,7 @@ class JobRepository:
         if not jobs:
             return set()
         ids, attempts = zip(*jobs, strict=True)
-        rows = await self._pool.fetch(queries.COMPLETE_JOBS, list(ids), list(attempts), worker_id)
+        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(attempts), worker_id)
         return {row["job_id"] for row in rows}
 
     async def fail(
@@ -213,28 +261,28 @@ class JobRepository:
         worker_id: str,
     ) -> str | None:
         """Retry or fail; returns the journal kind written (requeue/failed/canceled) or None."""
-        kind: str | None = await self._pool.fetchval(
+        kind: str | None = await self._fetchval(
             queries.FAIL_JOB, job_id, attempt, error, retryable, retry_base_sec, worker_id
         )
         return kind
 
     async def mark_canceled(self, job_id: uuid.UUID, attempt: int, worker_id: str) -> bool:
         """The pipeline honoured a cancel request."""
-        done = await self._pool.fetchval(queries.CANCEL_RUNNING_JOB, job_id, attempt, worker_id)
+        done = await self._fetchval(queries.CANCEL_RUNNING_JOB, job_id, attempt, worker_id)
         return done is not None
 
     async def release(
         self, job_id: uuid.UUID, attempt: int, *, refund: bool, worker_id: str, reason: str
     ) -> str | None:
         """Hand a running job back (see `queries.RELEASE_JOB`); returns the journal kind."""
-        kind: str | None = await self._pool.fetchval(
+        kind: str | None = await self._fetchval(
             queries.RELEASE_JOB, job_id, attempt, refund, worker_id, reason
         )
         return kind
 
     async def reap_expired(self, batch: int, reaper_id: str) -> list[tuple[uuid.UUID, str]]:
         """One reaper pass of at most `batch` jobs: [(job_id, new status)]."""
-        rows = await self._pool.fetch(queries.REAP_EXPIRED, batch, reaper_id)
+        rows = await self._fetch(queries.REAP_EXPIRED, batch, reaper_id)
         return [(r["job_id"], r["status"]) for r in rows]
 
 
@@ -315,6 +363,18 @@ async def advisory_unlock(conn: Connection, lock_hashes: Sequence[int]) -> int:
     """Release session-level advisory locks; returns how many this session held."""
     released: int = await conn.fetchval(queries.ADVISORY_UNLOCK, list(lock_hashes))
     return released
+
+
+async def session_identity(conn: Connection) -> tuple[int, datetime]:
+    """(pid, backend_start) of the session behind `conn`."""
+    row = await conn.fetchrow(queries.SESSION_IDENTITY)
+    assert row is not None  # our own session is always in pg_stat_activity
+    return row["pid"], row["backend_start"]
+
+
+async def end_session(conn: Connection, pid: int, backend_start: datetime) -> bool:
+    """Terminate the session (pid, backend_start) if it still exists; whether it did."""
+    return bool(await conn.fetchval(queries.END_SESSION, pid, backend_start))
 
 
 async def ping(conn: Connection) -> None:

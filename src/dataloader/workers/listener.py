@@ -10,13 +10,16 @@ import uuid
 from collections.abc import Callable
 
 from dataloader.storage import queries, repositories
-from dataloader.storage.db import CONNECTION_ERRORS, AnyConnection, Connection, connect
+from dataloader.storage.db import (
+    CONNECTION_ERRORS,
+    DEFAULT_TIMEOUT_SEC,
+    AnyConnection,
+    Connection,
+    connect,
+)
 from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
-
-#: Longest wait for the answer to the listener's periodic ping.
-PING_TIMEOUT_SEC = 10.0
 
 
 class Listener:
@@ -30,12 +33,14 @@ class Listener:
         on_cancel: Callable[[uuid.UUID], None],
         on_connected: Callable[[], None],
         check_period_sec: float = 5.0,
+        timeout: float = DEFAULT_TIMEOUT_SEC,
     ) -> None:
         self._dsn = dsn
         self._on_queue_ready = on_queue_ready
         self._on_cancel = on_cancel
         self._on_connected = on_connected
         self._check_period = check_period_sec
+        self._timeout = timeout  # for the answer to the periodic ping
         self._conn: Connection | None = None
         self._closed = asyncio.Event()
         self.connected = asyncio.Event()
@@ -59,7 +64,7 @@ class Listener:
                 delay = min(delay * 2, 5.0)
 
     async def _listen_once(self, stopping: asyncio.Event) -> None:
-        conn = await connect(self._dsn, "dataloader-listener")
+        conn = await connect(self._dsn, "dataloader-listener", self._timeout)
         self._closed.clear()
         conn.add_termination_listener(lambda _c: self._closed.set())
         try:
@@ -73,7 +78,7 @@ class Listener:
                 if await wait_any(stopping, self._closed, timeout=self._check_period):
                     return
                 # a silent half-open socket shows up here, as a timeout
-                await asyncio.wait_for(repositories.ping(conn), PING_TIMEOUT_SEC)
+                await asyncio.wait_for(repositories.ping(conn), self._timeout)
         finally:
             self.connected.clear()
             self._conn = None

@@ -2,8 +2,16 @@
 
 The spec locks `pg_try_advisory_lock(hashtext(lock_key))` for a job's whole run. Session-level
 advisory locks are re-entrant, so two jobs of one process with the same hash would both "get"
-it: the holder tracks held hashes in-process and reports such a job busy. If the connection is
-lost, every lock it held is gone: `on_lost` is called so the jobs can be stopped.
+it: the holder tracks held hashes in-process and reports such a job busy. A hash stays reserved
+in-process until its job unlocks it, even after the connection that locked it was lost: the
+job's pipeline may still be winding down, and no other job of this process may take its key
+meanwhile. Each reservation remembers which connection locked it, so an unlock reaches the
+server only for locks of the live connection (a later connection never held the old ones).
+
+If the connection is lost, every lock it held is gone: `on_lost` is called so the jobs can be
+stopped. A connection given up on while its server session may live on (no answer in time: a
+half-open socket) has that session ended by the next connection, so that its locks cannot
+outlive it on the server.
 """
 
 from __future__ import annotations
@@ -12,16 +20,22 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
+import asyncpg
+
 from dataloader.storage import repositories
-from dataloader.storage.db import CONNECTION_ERRORS, AnyConnection, Connection, connect
+from dataloader.storage.db import (
+    CONNECTION_ERRORS,
+    DEFAULT_TIMEOUT_SEC,
+    AnyConnection,
+    Connection,
+    connect,
+)
 from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
-
-#: Longest wait for the lock connection's answer before it counts as lost.
-OPERATION_TIMEOUT_SEC = 10.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,18 +48,26 @@ class LockConnectionLost(Exception):
 class LockHolder:
     """Holds the advisory locks of this process's running jobs."""
 
-    def __init__(self, dsn: str, on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self, dsn: str, on_lost: Callable[[str], None], timeout: float = DEFAULT_TIMEOUT_SEC
+    ) -> None:
         self._dsn = dsn
         self._on_lost = on_lost
+        self._timeout = timeout  # for each answer; beyond it the connection counts as lost
         self._conn: Connection | None = None
+        #: (pid, backend_start) of a lost connection's session that may still hold locks.
+        self._abandoned: tuple[int, datetime] | None = None
+        self._session: tuple[int, datetime] | None = None
         self._mutex = asyncio.Lock()  # one statement at a time on the connection
-        self._held: set[int] = set()
+        #: Reserved hashes → the connection generation that locked them.
+        self._held: dict[int, int] = {}
+        self._generation = 0
         self.ready = asyncio.Event()
         self._lost = asyncio.Event()
 
     def holds(self, lock_hash: int) -> bool:
-        """Whether this process holds (or is acquiring) `lock_hash`."""
-        return lock_hash in self._held
+        """Whether this process holds (or is acquiring) `lock_hash` on its live connection."""
+        return self._conn is not None and self._held.get(lock_hash) == self._generation
 
     @property
     def backend_pid(self) -> int | None:
@@ -53,12 +75,34 @@ class LockHolder:
         return None if self._conn is None else self._conn.get_server_pid()
 
     async def connect(self) -> None:
-        """Open the connection; raises on failure."""
-        conn = await connect(self._dsn, "dataloader-locks")
+        """Open the connection (ending the session of a connection given up on); raises on
+        failure."""
+        conn = await connect(self._dsn, "dataloader-locks", self._timeout)
+        try:
+            session = await asyncio.wait_for(repositories.session_identity(conn), self._timeout)
+            if self._abandoned is not None:
+                await self._end_abandoned(conn, *self._abandoned)
+                self._abandoned = None
+        except BaseException:
+            conn.terminate()
+            raise
         conn.add_termination_listener(self._terminated)
+        self._session = session
+        self._generation += 1
         self._conn = conn
         self._lost.clear()
         self.ready.set()
+
+    async def _end_abandoned(self, conn: Connection, pid: int, started: datetime) -> None:
+        try:
+            ended = await asyncio.wait_for(
+                repositories.end_session(conn, pid, started), self._timeout
+            )
+        except asyncpg.PostgresError as exc:  # e.g. a role not allowed to end sessions
+            log.warning("could not end the abandoned lock session (pid %d): %s", pid, exc)
+            return
+        if ended:
+            log.warning("ended the abandoned lock session (pid %d) and its locks", pid)
 
     async def close(self) -> None:
         """Close the connection: the server releases whatever it still held."""
@@ -78,25 +122,30 @@ class LockHolder:
                 wanted.append(lock_hash)
         if not wanted:
             return set()
-        self._held.update(wanted)  # reserve before the await: a concurrent caller sees them busy
+        generation = self._generation
+        for lock_hash in wanted:  # reserve before the await: a concurrent caller sees them busy
+            self._held[lock_hash] = generation
+        got: set[int] = set()
         try:
             result = await self._run(repositories.try_advisory_locks, wanted)
-        except BaseException:
-            self._held.difference_update(wanted)
-            raise
-        got = {h for h, locked in result.items() if locked}
-        self._held.difference_update(set(wanted) - got)
+            got = {h for h, locked in result.items() if locked}
+        finally:
+            for lock_hash in wanted:
+                if lock_hash not in got:
+                    del self._held[lock_hash]
         return got
 
     async def unlock(self, lock_hashes: Iterable[int]) -> None:
-        """Release hashes held by this process, in one round trip. A lost connection already
-        released them."""
-        held = [h for h in set(lock_hashes) if h in self._held]
-        if not held:
-            return
-        self._held.difference_update(held)
-        with contextlib.suppress(LockConnectionLost):
-            await self._run(repositories.advisory_unlock, held)
+        """Release hashes reserved by this process; those locked on the live connection in one
+        round trip (a lost connection's locks went with it)."""
+        live: list[int] = []
+        for lock_hash in set(lock_hashes):
+            generation = self._held.pop(lock_hash, None)
+            if generation == self._generation and self._conn is not None:
+                live.append(lock_hash)
+        if live:
+            with contextlib.suppress(LockConnectionLost):
+                await self._run(repositories.advisory_unlock, live)
 
     async def ping(self) -> None:
         """Check the connection end to end; a failure counts as losing it."""
@@ -132,10 +181,12 @@ class LockHolder:
                 self._lose("lock connection closed")
                 raise LockConnectionLost("lock connection closed")
             try:
-                return await asyncio.wait_for(op(conn, *args, **kwargs), OPERATION_TIMEOUT_SEC)
+                return await asyncio.wait_for(op(conn, *args, **kwargs), self._timeout)
             except TimeoutError as exc:
-                # a half-open socket: nothing comes back, and nothing says it is gone
-                self._lose(f"lock connection did not answer within {OPERATION_TIMEOUT_SEC}s")
+                # a half-open socket: nothing comes back, and nothing says it is gone; its
+                # session may live on, holding the locks, until the next connection ends it
+                self._abandoned = self._session
+                self._lose(f"lock connection did not answer within {self._timeout}s")
                 raise LockConnectionLost("lock connection timed out") from exc
             except CONNECTION_ERRORS as exc:
                 self._lose(f"lock connection failed: {exc!r}")
@@ -150,8 +201,7 @@ class LockHolder:
             return
         log.error("advisory locks lost: %s", reason)
         conn, self._conn = self._conn, None
-        self.ready.clear()
-        self._held.clear()
+        self.ready.clear()  # reservations stay until their jobs, stopped now, unlock them
         self._lost.set()
         conn.terminate()
         self._on_lost(reason)

@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from dataloader.storage.repositories import JobRepository
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
 from dataloader.workers.heartbeat import Heartbeat
@@ -35,8 +34,8 @@ class WorkerManager:
         self.runtime = WorkerRuntime(
             settings=settings,
             app=app,
-            repo=JobRepository(app.pool),
-            locks=LockHolder(app.dsn, on_lost=self._locks_lost),
+            repo=app.repo,
+            locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
             registry=registry,
             worker_id=new_worker_id(),
         )
@@ -51,11 +50,14 @@ class WorkerManager:
             on_cancel=self._cancel_requested,
             on_connected=self.wake_all,
             check_period_sec=settings.poll_interval_sec,
+            timeout=settings.db_timeout_sec,
         )
         self.heartbeat = Heartbeat(self.runtime)
         self.reaper = Reaper(self.runtime.repo, settings.reaper_period_sec, self.runtime.worker_id)
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
+        self._hurry = asyncio.Event()  # cut the grace period of `stop` short
+        self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming_tasks: list[asyncio.Task[None]] = []
 
@@ -85,27 +87,40 @@ class WorkerManager:
             },
         )
 
+    def hurry(self) -> None:
+        """End the grace period of a stop now: unfinished jobs are handed back at once.
+        Safe to call from a signal handler."""
+        self._loop.call_soon_threadsafe(self._hurry.set)
+
     async def stop(self, timeout: float) -> None:
-        """Stop claiming; let running jobs finish for `timeout` seconds; hand the rest back to
-        the queue (attempt refunded, lock released); then stop everything."""
+        """Stop claiming; let running jobs finish for `timeout` seconds (or until `hurry`);
+        hand the rest back to the queue (attempt refunded, lock released); then stop
+        everything."""
         self._stop_claiming.set()
         # Let claims in flight settle first, so that every job they took is seen below.
         await asyncio.wait(self._claiming_tasks, timeout=10)
         jobs = {task for worker in self.queues.values() for task in worker.job_tasks}
-        if jobs:
+        if jobs and not self._hurry.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", timeout, len(jobs))
-            _, pending = await asyncio.wait(jobs, timeout=timeout)
-            if pending:
-                log.warning("handing %d unfinished job(s) back to the queue", len(pending))
-                for running in list(self.runtime.running.values()):
-                    running.hand_back()
-                _, stuck = await asyncio.wait(pending, timeout=10)
-                if stuck:
-                    log.error(
-                        "%d pipeline(s) ignored cancellation; their locks go with the lock"
-                        " connection and the reaper will requeue their jobs",
-                        len(stuck),
-                    )
+            finished = asyncio.create_task(asyncio.wait(jobs))  # cancelling it spares the jobs
+            hurried = asyncio.create_task(self._hurry.wait())
+            await asyncio.wait(
+                [finished, hurried], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            finished.cancel()
+            hurried.cancel()
+        pending = {task for task in jobs if not task.done()}
+        if pending:
+            log.warning("handing %d unfinished job(s) back to the queue", len(pending))
+            for running in list(self.runtime.running.values()):
+                running.hand_back()
+            _, stuck = await asyncio.wait(pending, timeout=10)
+            if stuck:
+                log.error(
+                    "%d pipeline(s) ignored cancellation; their locks go with the lock"
+                    " connection and the reaper will requeue their jobs",
+                    len(stuck),
+                )
         await self.completer.wait_flushed()
         self._stop_all.set()
         await asyncio.wait(self._tasks, timeout=5)

@@ -1,0 +1,191 @@
+"""Fault scenarios: real service processes, a real PostgreSQL, the ledger, the checker.
+
+Every scenario starts `python -m dataloader` replicas that run `tests.faults.pipeline`, feeds
+them jobs (several per lock_key, so the per-key lock is exercised), hits them with faults,
+waits until every job is final, and asserts the checker found nothing. With
+`DL_FAULT_REPORT=<file>` each scenario appends its report (one JSON line) to that file;
+`DL_FAULT_ROUNDS=<n>` multiplies the rounds of the scenarios that repeat (a longer run).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dataloader import NewJob, enqueue_many
+
+from ..integration_tests.helpers import wait_until
+from ..integration_tests.procs import Launcher, ServiceProcess, launched
+from . import ledger
+from .pipeline import TASK
+from .server import PrivateServer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUEUE = "faults"
+
+#: Short leases and beats so that a fault is noticed within seconds.
+FAULT_ENV: dict[str, str] = {
+    "DL_PIPELINE_MODULES": "tests.faults.pipeline",
+    "DL_DEFAULT_LEASE_TTL_SEC": "2",
+    "DL_HEARTBEAT_SEC": "0.3",
+    "DL_REAPER_PERIOD_SEC": "0.3",
+    "DL_CLAIM_BACKOFF_SEC": "0.2",
+    "DL_POLL_INTERVAL_SEC": "0.5",
+    "DL_SHUTDOWN_TIMEOUT_SEC": "2",
+}
+
+
+def rounds(default: int) -> int:
+    """Rounds of a repeating scenario (`DL_FAULT_ROUNDS` times more on demand)."""
+    return default * max(1, int(os.environ.get("DL_FAULT_ROUNDS", "1")))
+
+
+class Scenario:
+    """One scenario's replicas, jobs, faults and final check."""
+
+    def __init__(self, name: str, launcher: Launcher, dsn: str, conn: asyncpg.Connection) -> None:
+        self.name = name
+        self.launcher = launcher
+        self.dsn = dsn
+        self.conn = conn
+        self.killed_at: dict[int, dt.datetime] = {}
+        self.faulted: set[int] = set()
+        self.last_fault = time.monotonic()
+        self.jobs_added = 0
+
+    async def start(self, count: int = 1, concurrency: int = 4, **env: str) -> list[ServiceProcess]:
+        """Start `count` replicas serving the fault queue; returns them once healthy."""
+        path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        workers = f'[{{"queue": "{QUEUE}", "concurrency": {concurrency}}}]'
+        replicas = [
+            self.launcher.start(
+                self.dsn, **(FAULT_ENV | {"PYTHONPATH": path, "WORKERS_JSON": workers} | env)
+            )
+            for _ in range(count)
+        ]
+        for replica in replicas:
+            await replica.wait_healthy()
+        return replicas
+
+    async def enqueue(
+        self, jobs: int, per_key: int = 3, steps: int = 3, step_sec: float = 0.01, **extra: Any
+    ) -> None:
+        """Add `jobs` jobs, `per_key` of them sharing each lock_key."""
+        first = self.jobs_added
+        self.jobs_added += jobs
+        await enqueue_many(
+            self.conn,
+            [
+                NewJob(
+                    queue=QUEUE,
+                    task=TASK,
+                    lock_key=f"{self.name}-key-{i // per_key}",
+                    args={"steps": steps, "step_sec": step_sec},
+                    max_attempts=extra.get("max_attempts", 50),
+                    lease_ttl_sec=extra.get("lease_ttl_sec", 2),
+                )
+                for i in range(first, first + jobs)
+            ],
+        )
+
+    async def kill(self, replica: ServiceProcess, signum: int = signal.SIGKILL) -> None:
+        """Kill a replica outright, noting when: the last moment it could have done anything
+        (its runs' ends; the runs' own times come from this host's clock too)."""
+        self.killed_at[replica.pid] = dt.datetime.now(dt.UTC)
+        replica.send(signum)
+        await replica.wait()
+        self.hit(replica)
+
+    async def reconnect(self) -> None:
+        """A new connection for the test itself (after its server restarted)."""
+        await self.conn.close(timeout=1)
+        self.conn = await asyncpg.connect(self.dsn)
+
+    def hit(self, replica: ServiceProcess) -> None:
+        """Note that a fault hit this replica (its claims may end without a run)."""
+        self.faulted.add(replica.pid)
+        self.fault_now()
+
+    def fault_now(self) -> None:
+        """Note that a fault began now (recovery is timed from the last one)."""
+        self.last_fault = time.monotonic()
+
+    async def settle(self, timeout: float = 60) -> float:
+        """Wait until every job is final; returns the seconds since the last fault."""
+
+        async def settled() -> bool:
+            return await ledger.unsettled(self.conn) == 0
+
+        await wait_until(settled, timeout, f"every job of {self.name} to finish")
+        return time.monotonic() - self.last_fault
+
+    async def check(
+        self, rounds: int, recovered_in_s: float, final: frozenset[str] = ledger.SUCCEEDED
+    ) -> ledger.Report:
+        """Run the checker; fail on any violation; record the report if asked to."""
+        report = await ledger.check(
+            self.conn,
+            self.name,
+            rounds=rounds,
+            recovered_in_s=recovered_in_s,
+            killed_at=self.killed_at,
+            faulted_pids=self.faulted,
+            final=final,
+        )
+        append_report(report)
+        assert not report.violations(), "\n".join(report.violations())
+        assert report.jobs == self.jobs_added
+        return report
+
+
+def append_report(report: ledger.Report) -> None:
+    """One JSON line in the file `DL_FAULT_REPORT` names, if it names one."""
+    target = os.environ.get("DL_FAULT_REPORT")
+    if target:
+        with Path(target).open("a", encoding="utf-8") as out:
+            out.write(report.as_json() + "\n")
+
+
+@pytest.fixture
+async def conn(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(db_dsn)
+    await ledger.install(conn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
+    async with launched(tmp_path) as started:
+        yield started
+
+
+@pytest.fixture
+async def private_server() -> AsyncIterator[PrivateServer]:
+    """A server of the test's own (it may be restarted), with the ledger installed."""
+    server = PrivateServer()
+    try:
+        await server.start()
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            await ledger.install(conn)
+        finally:
+            await conn.close()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def scenario(
+    request: pytest.FixtureRequest, launcher: Launcher, db_dsn: str, conn: asyncpg.Connection
+) -> Scenario:
+    return Scenario(request.node.name.removeprefix("test_"), launcher, db_dsn, conn)

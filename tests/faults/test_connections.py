@@ -1,0 +1,90 @@
+"""Faults of the database connections: the lock-holding connection and the LISTEN connection
+terminated by the server, and a pool much smaller than the worker slots."""
+
+from __future__ import annotations
+
+from ..integration_tests.helpers import wait_until
+from .conftest import Scenario, rounds
+
+#: Server pids of the dataloader connections with this application name in the test database.
+BACKENDS = """
+SELECT array_agg(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = $1
+"""
+
+
+async def backends(scenario: Scenario, application_name: str) -> set[int]:
+    return set(await scenario.conn.fetchval(BACKENDS, application_name) or ())
+
+
+async def replaced(scenario: Scenario, application_name: str, old: set[int]) -> bool:
+    """Whether as many connections as `old` are open again, none of them an old one."""
+    now = await backends(scenario, application_name)
+    return len(now) == len(old) and not now & old
+
+
+async def terminate(scenario: Scenario, pids: set[int]) -> None:
+    await scenario.conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", list(pids)
+    )
+
+
+async def running_jobs(scenario: Scenario) -> int:
+    n: int = await scenario.conn.fetchval("SELECT count(*) FROM fault_runs WHERE ended_at IS NULL")
+    return n
+
+
+async def test_lock_connections_terminated_mid_job(scenario: Scenario) -> None:
+    replicas = await scenario.start(2, concurrency=4)
+    total = rounds(3)
+    for _ in range(total):
+        await scenario.enqueue(40, steps=5, step_sec=0.05)
+        await wait_until(lambda: running_jobs(scenario), what="jobs to run")
+        before = await backends(scenario, "dataloader-locks")
+        assert len(before) == 2
+        await terminate(scenario, before)
+        for replica in replicas:
+            scenario.hit(replica)
+        await wait_until(
+            lambda old=before: replaced(scenario, "dataloader-locks", old),
+            what="both lock connections to be reopened",
+        )
+    report = await scenario.check(total, await scenario.settle())
+    lost = await scenario.conn.fetchval(
+        "SELECT count(*) FROM dl_job_events WHERE kind = 'requeue'"
+        " AND payload->>'reason' LIKE '%lock%'"
+    )
+    assert lost >= 1, "no job noticed that its lock was gone"
+    assert report.runs > report.jobs
+
+
+async def test_listen_connection_terminated_while_jobs_are_enqueued(scenario: Scenario) -> None:
+    # no safety poll within the test: only a working LISTEN can wake the workers
+    (replica,) = await scenario.start(1, concurrency=4, DL_POLL_INTERVAL_SEC="3600")
+    total = rounds(3)
+    for _ in range(total):
+        before = await backends(scenario, "dataloader-listener")
+        assert len(before) == 1
+        await terminate(scenario, before)
+        scenario.hit(replica)
+        await scenario.enqueue(10, per_key=1, steps=1)  # while the listener is down
+        await wait_until(
+            lambda old=before: replaced(scenario, "dataloader-listener", old),
+            what="the listener to reconnect",
+        )
+        await scenario.settle(timeout=30)  # jobs of the outage ran: the reconnect polled
+        await scenario.enqueue(10, per_key=1, steps=1)  # after: woken by NOTIFY again
+        await scenario.settle(timeout=30)
+    await scenario.check(total, 0.0)
+
+
+async def test_more_slots_than_connections_still_heartbeats(scenario: Scenario) -> None:
+    # 24 slots writing progress and heartbeats through a pool of 2; leases of 2 s
+    await scenario.start(1, concurrency=24, DL_DB_POOL_SIZE="2")
+    await scenario.enqueue(72, steps=20, step_sec=0.1)
+    report = await scenario.check(1, await scenario.settle(timeout=120))
+    reaped = await scenario.conn.fetchval(
+        "SELECT count(*) FROM dl_job_events WHERE kind IN ('requeue', 'lost')"
+    )
+    assert reaped == 0, "a lease expired: heartbeats did not get through the pool"
+    assert report.runs == report.jobs

@@ -1,0 +1,87 @@
+"""Faults of the database around the service: a long-open transaction elsewhere, PostgreSQL
+restarting (fast and immediate) under load."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from ..integration_tests.helpers import wait_until
+from ..integration_tests.procs import Launcher
+from .conftest import Scenario, rounds
+from .server import PrivateServer
+
+
+async def test_a_long_open_transaction_elsewhere_is_survived_and_reported(
+    scenario: Scenario, db_dsn: str
+) -> None:
+    (replica,) = await scenario.start(1, concurrency=4, DL_LONG_TRANSACTION_SEC="0.5")
+    blocker = await asyncpg.connect(db_dsn, server_settings={"application_name": "nightly-report"})
+    try:
+        # a snapshot held open: vacuum may not remove any row that dies after it
+        await blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await blocker.fetchval("SELECT count(*) FROM dl_jobs")
+        blocker_pid = blocker.get_server_pid()
+        scenario.fault_now()
+
+        await scenario.enqueue(200, steps=1)
+        report = await scenario.check(1, await scenario.settle())  # the queue kept working
+        assert report.runs == report.jobs
+
+        body = (await replica.client.get("/status")).json()
+        assert body["status"] == "ok"
+        assert body["oldest_transaction"]["pid"] == blocker_pid
+        assert body["oldest_transaction"]["application_name"] == "nightly-report"
+        (warning,) = body["warnings"]
+        assert f"pid {blocker_pid}" in warning
+        assert "vacuum cannot remove" in warning
+        assert "'nightly-report'" in warning
+        assert body["queue_table"]["dead_tuples"] >= 0
+    finally:
+        await blocker.close()
+    body = (await replica.client.get("/status")).json()
+    assert body["warnings"] == []
+
+
+async def listeners(scenario: Scenario) -> int:
+    n: int = await scenario.conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'dataloader-listener'"
+    )
+    return n
+
+
+async def test_postgres_restarts_fast_and_immediate_under_load(
+    private_server: PrivateServer, launcher: Launcher
+) -> None:
+    conn = await asyncpg.connect(private_server.dsn)
+    scenario = Scenario("postgres_restart", launcher, private_server.dsn, conn)
+    try:
+        # no safety poll: jobs enqueued after a restart run only if LISTEN works again
+        replicas = await scenario.start(2, concurrency=4, DL_POLL_INTERVAL_SEC="3600")
+        modes = ["fast", "immediate"] * rounds(1)
+        for mode in modes:
+            await scenario.enqueue(40, steps=4, step_sec=0.05)
+            await wait_until(lambda: running_runs(scenario), what="jobs to run")
+            await private_server.restart(mode)
+            for replica in replicas:
+                scenario.hit(replica)
+            await scenario.reconnect()
+            await wait_until(
+                lambda: has_listeners(scenario, len(replicas)), 30, "both listeners to return"
+            )
+            await scenario.enqueue(20, per_key=1, steps=1)  # woken by NOTIFY only
+        report = await scenario.check(len(modes), await scenario.settle(timeout=90))
+        assert report.runs > report.jobs  # the restarts did interrupt runs
+        assert all(replica.proc.poll() is None for replica in replicas)
+    finally:
+        await scenario.conn.close()
+
+
+async def running_runs(scenario: Scenario) -> bool:
+    return bool(
+        await scenario.conn.fetchval("SELECT count(*) FROM fault_runs WHERE ended_at IS NULL")
+    )
+
+
+async def has_listeners(scenario: Scenario, count: int) -> bool:
+    return await listeners(scenario) == count

@@ -1,0 +1,47 @@
+"""Faults of the network: connections that go half-open (a proxy stops forwarding)."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from ..integration_tests.helpers import wait_until
+from ..integration_tests.procs import Launcher
+from .conftest import Scenario, rounds
+from .proxy import FreezingProxy
+from .server import DATABASE, PrivateServer
+
+
+async def running_runs(scenario: Scenario) -> bool:
+    return bool(
+        await scenario.conn.fetchval("SELECT count(*) FROM fault_runs WHERE ended_at IS NULL")
+    )
+
+
+async def test_half_open_connections_are_detected_and_replaced(
+    private_server: PrivateServer, launcher: Launcher
+) -> None:
+    proxy = FreezingProxy(private_server.socket_path)
+    await proxy.start()
+    conn = await asyncpg.connect(private_server.dsn)  # the test's own: not through the proxy
+    scenario = Scenario("half_open", launcher, proxy.dsn(DATABASE), conn)
+    try:
+        replicas = await scenario.start(
+            2,
+            concurrency=4,
+            FAULT_LEDGER_DSN=private_server.dsn,
+            DL_POLL_INTERVAL_SEC="1",
+            DL_DB_TIMEOUT_SEC="2",
+        )
+        total = rounds(2)
+        for _ in range(total):
+            await scenario.enqueue(40, steps=4, step_sec=0.05)
+            await wait_until(lambda: running_runs(scenario), what="jobs to run")
+            assert proxy.freeze() >= 2 * 3  # pool, listener and lock connection of each
+            for replica in replicas:
+                scenario.hit(replica)
+            await scenario.settle(timeout=60)
+        report = await scenario.check(total, await scenario.settle())
+        assert report.runs >= report.jobs
+    finally:
+        await scenario.conn.close()
+        await proxy.close()
