@@ -6,11 +6,22 @@ Every variable of the spec (§8) keeps its name; ours start with `DL_` too. A ba
 
 from __future__ import annotations
 
+import ipaddress
 import json
+from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dataloader.exceptions import ConfigError
@@ -26,6 +37,62 @@ class WorkerSpec(BaseModel):
 
     queue: Annotated[str, Field(min_length=1, max_length=200)]
     concurrency: Annotated[int, Field(ge=1, le=10_000)]
+
+
+class Scope(IntEnum):
+    """What an API token may do; each scope includes the ones below it."""
+
+    read = 1  # job status, /status
+    trigger = 2  # trigger and cancel jobs
+    admin = 3  # everything
+
+
+class ApiToken(BaseModel):
+    """One entry of `DL_API_TOKENS`: a bearer token, its scope, and a name for the logs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
+    scope: Scope
+    token: SecretStr
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if not 16 <= len(value.get_secret_value()) <= 4096:
+            raise ValueError("must be 16 to 4096 characters long (a guessable token is no lock)")
+        return value
+
+    @field_validator("scope", mode="before")
+    @classmethod
+    def _scope_by_name(cls, value: Any) -> Any:
+        if isinstance(value, Scope):
+            return value
+        if isinstance(value, str) and value in Scope.__members__:
+            return Scope[value]
+        raise ValueError(f"must be one of {', '.join(Scope.__members__)}")
+
+
+def _json_list(value: Any, example: str) -> Any:
+    """Parse a JSON list given as a string (an environment variable)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(value, list):
+        raise ValueError(f"must be a JSON list like {example}")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 class Settings(BaseSettings):
@@ -100,6 +167,22 @@ class Settings(BaseSettings):
         " from removing the queue table's dead rows.",
     )
 
+    api_tokens: Annotated[list[ApiToken], NoDecode] = Field(
+        default_factory=list,
+        description='Bearer tokens of the API, e.g. [{"name":"etl","scope":"trigger","token":"…"}];'
+        " empty: no authentication (only allowed on a loopback address).",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve without DL_API_TOKENS on a non-loopback DL_HTTP_HOST.",
+    )
+    http_max_body_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        le=1_073_741_824,
+        description="Larger request bodies are refused with 413 before they are read whole.",
+    )
+
     @field_validator("db_dsn")
     @classmethod
     def _check_dsn(cls, value: str | None) -> str | None:
@@ -113,14 +196,36 @@ class Settings(BaseSettings):
     @field_validator("workers", mode="before")
     @classmethod
     def _parse_workers(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-        if not isinstance(value, list):
-            raise ValueError('must be a JSON list like [{"queue": "default", "concurrency": 1}]')
+        return _json_list(value, '[{"queue": "default", "concurrency": 1}]')
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _parse_tokens(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return []
+        return _json_list(value, '[{"name": "etl", "scope": "trigger", "token": "…"}]')
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _distinct_tokens(cls, value: list[ApiToken]) -> list[ApiToken]:
+        if len({t.name for t in value}) < len(value):
+            raise ValueError("two tokens have the same name")
+        if len({t.token.get_secret_value() for t in value}) < len(value):
+            raise ValueError("two entries have the same token")
         return value
+
+    @model_validator(mode="after")
+    def _no_open_public_api(self) -> Self:
+        if (
+            not self.api_tokens
+            and not self.allow_unauthenticated
+            and not is_loopback(self.http_host)
+        ):
+            raise ValueError(
+                f"DL_HTTP_HOST={self.http_host} is reachable from other machines and"
+                " DL_API_TOKENS is empty: set tokens, or DL_ALLOW_UNAUTHENTICATED=true"
+            )
+        return self
 
     @field_validator("workers")
     @classmethod

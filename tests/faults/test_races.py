@@ -16,13 +16,17 @@ from .pipeline import TASK
 GHOST_PID = 999_999
 GHOST_WORKER = f"ghost-{GHOST_PID}-dead"
 
-#: Jobs left `running` with expired leases by a worker that died, picks journaled as by it.
+#: Jobs left `running` by a worker that died, picks journaled as by it: half of the leases
+#: expired already, the other half expiring one after another over the next $5 seconds (so
+#: that every replica's reaper wakes while some are due: one reaper cannot sweep them all).
 ORPHANS = """
 WITH orphans AS (
     INSERT INTO dl_jobs (job_id, queue, task, lock_key, args, status, attempt, max_attempts,
                          lease_ttl_sec, lease_expires_at, started_at, heartbeat_at)
     SELECT gen_random_uuid(), $1, $2, 'orphan-' || i, '{"steps": 0}', 'running', 1, 50, 2,
-           now() - interval '1 minute', now() - interval '2 minutes', now() - interval '2 minutes'
+           CASE WHEN i % 2 = 0 THEN now() - interval '1 minute'
+                ELSE now() + make_interval(secs => $5::float8 * i / $3) END,
+           now() - interval '2 minutes', now() - interval '2 minutes'
     FROM generate_series(1, $3::int) AS i
     RETURNING job_id, queue
 )
@@ -37,7 +41,7 @@ async def test_reapers_of_three_replicas_requeue_each_expired_job_once(
 ) -> None:
     replicas = await scenario.start(3, concurrency=8)
     orphans = 2000
-    await scenario.conn.execute(ORPHANS, QUEUE, TASK, orphans, GHOST_WORKER)
+    await scenario.conn.execute(ORPHANS, QUEUE, TASK, orphans, GHOST_WORKER, 3.0)
     scenario.jobs_added += orphans
     scenario.faulted.add(GHOST_PID)
     report = await scenario.check(1, await scenario.settle(timeout=120))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dataloader.cli import import_pipelines
-from dataloader.config import Settings, WorkerSpec, load_settings
+from dataloader.config import Scope, Settings, WorkerSpec, load_settings
 from dataloader.exceptions import ConfigError
 
 
@@ -156,6 +156,74 @@ def test_environment_wins_over_env_file(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / ".env").write_text("DL_HEARTBEAT_SEC=3\n", encoding="utf-8")
     monkeypatch.setenv("DL_HEARTBEAT_SEC", "7")
     assert load_settings().heartbeat_sec == 7
+
+
+# --- API tokens and the listening address -----------------------------------------------------
+
+SECRET = "s3cret-token-value-0123456789"
+
+
+def test_api_tokens_are_read_with_scopes_and_hidden_in_reprs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "DL_API_TOKENS",
+        f'[{{"name": "etl", "scope": "trigger", "token": "{SECRET}"}},'
+        f' {{"name": "ops", "scope": "admin", "token": "{SECRET}-2"}}]',
+    )
+    settings = load_settings(_env_file=None)
+    assert [(t.name, t.scope) for t in settings.api_tokens] == [
+        ("etl", Scope.trigger),
+        ("ops", Scope.admin),
+    ]
+    assert Scope.read < Scope.trigger < Scope.admin
+    assert SECRET not in repr(settings)
+    assert SECRET not in str(settings.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "mentions"),
+    [
+        (f'[{{"name": "etl", "scope": "root", "token": "{SECRET}"}}]', "read, trigger, admin"),
+        ('[{"name": "etl", "scope": "read", "token": "short-s3cret"}]', "16 to 4096 characters"),
+        (f'[{{"name": "a b", "scope": "read", "token": "{SECRET}"}}]', "pattern"),
+        (
+            f'[{{"name": "a", "scope": "read", "token": "{SECRET}"}},'
+            f' {{"name": "b", "scope": "admin", "token": "{SECRET}"}}]',
+            "same token",
+        ),
+        (f'{{"name": "etl", "token": "{SECRET}"', "not valid JSON"),
+    ],
+    ids=["unknown-scope", "short-token", "bad-name", "duplicate-token", "malformed"],
+)
+def test_bad_api_tokens_are_a_config_error_that_does_not_echo_them(
+    tokens: str, mentions: str
+) -> None:
+    message = config_error(DL_API_TOKENS=tokens)
+    assert message.startswith("DL_API_TOKENS"), message
+    assert mentions in message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "dataloader.internal"])
+def test_a_non_loopback_address_needs_tokens_or_an_explicit_opt_out(
+    monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    assert "DL_API_TOKENS is empty" in config_error(DL_HTTP_HOST=host)
+    monkeypatch.setenv("DL_HTTP_HOST", host)
+    monkeypatch.setenv("DL_ALLOW_UNAUTHENTICATED", "true")
+    assert load_settings(_env_file=None).http_host == host
+    monkeypatch.delenv("DL_ALLOW_UNAUTHENTICATED")
+    monkeypatch.setenv("DL_API_TOKENS", f'[{{"name": "a", "scope": "read", "token": "{SECRET}"}}]')
+    assert load_settings(_env_file=None).api_tokens
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_addresses_serve_without_tokens(
+    monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.setenv("DL_HTTP_HOST", host)
+    assert load_settings(_env_file=None).api_tokens == []
 
 
 # --- CLI: pipeline modules ------------------------------------------------------------------

@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from dataloader.api.middleware import RequestContextMiddleware
+from dataloader.api.auth import Authenticator
+from dataloader.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
 from dataloader.api.v1.exceptions import install_exception_handlers
@@ -41,6 +42,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.manager = None
+    app.state.authenticator = Authenticator(settings.api_tokens)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     install_exception_handlers(app)
     app.include_router(os_router)

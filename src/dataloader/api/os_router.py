@@ -10,6 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
+from dataloader.api.auth import AUTH_ERRORS, requires
+from dataloader.config import Scope
 from dataloader.storage.db import CONNECTION_ERRORS
 
 router = APIRouter(tags=["infra"])
@@ -28,7 +30,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/status")
+@router.get("/status", dependencies=[requires(Scope.read)], responses=AUTH_ERRORS)
 async def status(request: Request) -> JSONResponse:
     """Database reachability, job counts per queue and status, and this process's workers."""
     state = request.app.state

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
+from dataloader.api.auth import AUTH_ERRORS, requires
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     JobStatusResponse,
@@ -14,8 +15,9 @@ from dataloader.api.v1.schemas import (
     TriggerResponse,
 )
 from dataloader.api.v1.service import JobsService
+from dataloader.config import Scope
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 
 def get_service(request: Request) -> JobsService:
@@ -29,19 +31,29 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/trigger", response_model=TriggerResponse)
+@router.post("/trigger", response_model=TriggerResponse, dependencies=[requires(Scope.trigger)])
 async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
     """Enqueue a job; the same `idempotency_key` always returns the same job."""
     return await service.trigger(body)
 
 
-@router.get("/{job_id}/status", response_model=JobStatusResponse, responses=NOT_FOUND)
+@router.get(
+    "/{job_id}/status",
+    response_model=JobStatusResponse,
+    responses=NOT_FOUND,
+    dependencies=[requires(Scope.read)],
+)
 async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     """A job's status, attempt, timings, error and progress."""
     return await service.status(job_id)
 
 
-@router.post("/{job_id}/cancel", response_model=JobStatusResponse, responses=NOT_FOUND)
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobStatusResponse,
+    responses=NOT_FOUND,
+    dependencies=[requires(Scope.trigger)],
+)
 async def cancel(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     """Cancel: queued jobs never run; running ones stop at their next cancellation check."""
     return await service.cancel(job_id)

@@ -1,0 +1,323 @@
+"""The job state machine, driven by hypothesis against the real database.
+
+Random sequences of everything that can happen to jobs — triggers, claims, completions,
+failures, cancels, releases, backoffs, heartbeats, progress, leases expiring and being reaped —
+including writes by *stale* claims (an attempt that has since been reaped, released or
+finished, as a zombie worker would send). After every step the whole queue is read back and
+compared with the step before:
+
+* every status change is a legal transition of the protocol (docs/protocol.md, States);
+* a job in a final state never changes again, in any column;
+* a write fenced on a stale attempt changes nothing;
+* rows are consistent: a running job has a lease, a queued or final one has none, a final one
+  has `finished_at`, attempts stay within 0..max_attempts, at most one job per lock_key runs;
+* each operation on the current attempt has the outcome the protocol promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dataloader.storage.db import create_pool
+from dataloader.storage.repositories import ClaimedJob, JobRepository, NewJob
+
+T = TypeVar("T")
+WORKER = "state-machine-worker"
+FINAL = frozenset({"succeeded", "failed", "canceled", "lost"})
+LEGAL = frozenset(
+    {
+        ("queued", "running"),
+        ("queued", "canceled"),
+        ("running", "queued"),
+        ("running", "succeeded"),
+        ("running", "failed"),
+        ("running", "canceled"),
+        ("running", "lost"),
+    }
+)
+SNAPSHOT = """
+SELECT job_id, status::text AS status, attempt, max_attempts, cancel_requested, lock_key,
+       lease_expires_at, finished_at, error, progress::text AS progress
+FROM dl_jobs WHERE queue = $1
+"""
+
+
+@dataclass(frozen=True)
+class Row:
+    status: str
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    lock_key: str
+    lease_expires_at: Any
+    finished_at: Any
+    error: str | None
+    progress: str
+
+
+class JobStateMachine(RuleBasedStateMachine):
+    """One example: a fresh queue in the test's database, a pool, and every claim ever made."""
+
+    dsn = ""  # set by the test
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.queue = f"sm-{uuid.uuid4().hex[:12]}"
+        self.pool = self.run(create_pool(self.dsn, 2, "state-machine"))
+        self.repo = JobRepository(self.pool)
+        self.claims: list[ClaimedJob] = []
+        self.jobs: list[uuid.UUID] = []
+        self.rows: dict[uuid.UUID, Row] = {}
+        #: The job a step meant to change, and the status(es) the protocol promises for it.
+        self.expect: tuple[uuid.UUID, frozenset[str]] | None = None
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coroutine)
+
+    def teardown(self) -> None:
+        self.run(self.pool.close())
+        self.loop.close()
+
+    # --- the model's view of a claim ---------------------------------------------------------
+
+    def current(self, claim: ClaimedJob) -> bool:
+        """Whether `claim` is the job's live attempt (so its fenced writes apply)."""
+        row = self.rows[claim.job_id]
+        return row.status == "running" and row.attempt == claim.attempt
+
+    def pick_claim(self, index: int) -> ClaimedJob:
+        return self.claims[index % len(self.claims)]
+
+    def expect_outcome(self, claim: ClaimedJob, if_current: set[str]) -> None:
+        """A fenced write: the promised statuses when live, no change at all when stale."""
+        row = self.rows[claim.job_id]
+        self.expect = (claim.job_id, frozenset(if_current if self.current(claim) else {row.status}))
+
+    # --- rules -----------------------------------------------------------------------------
+
+    @rule(max_attempts=st.integers(1, 3), key=st.sampled_from("abc"))
+    def trigger(self, max_attempts: int, key: str) -> None:
+        job = NewJob(
+            queue=self.queue,
+            task="t",
+            lock_key=f"{self.queue}-{key}",  # keys of earlier examples' jobs stay apart
+            args={},
+            max_attempts=max_attempts,
+            lease_ttl_sec=3600,
+        )
+        result = self.run(self.repo.enqueue(job))
+        self.jobs.append(result.job_id)
+        self.expect = (result.job_id, frozenset({"queued"}))
+
+    @rule(limit=st.integers(1, 3))
+    def claim(self, limit: int) -> None:
+        claimed = self.run(self.repo.claim(self.queue, limit, WORKER))
+        for job in claimed:
+            before = self.rows[job.job_id]
+            assert before.status == "queued", f"claimed a {before.status} job"
+            assert job.attempt == before.attempt + 1
+        assert len({job.lock_key for job in claimed}) == len(claimed)
+        self.claims.extend(claimed)
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000))
+    def complete(self, index: int) -> None:
+        claim = self.pick_claim(index)
+        self.expect_outcome(claim, {"succeeded"})
+        done = self.run(self.repo.complete_many([(claim.job_id, claim.attempt)], WORKER))
+        assert (claim.job_id in done) == self.current(claim)
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000), retryable=st.booleans())
+    def fail(self, index: int, retryable: bool) -> None:
+        claim = self.pick_claim(index)
+        row = self.rows[claim.job_id]
+        if row.cancel_requested:
+            outcome = "canceled"
+        elif retryable and row.attempt < row.max_attempts:
+            outcome = "queued"
+        else:
+            outcome = "failed"
+        self.expect_outcome(claim, {outcome})
+        self.run(
+            self.repo.fail(
+                claim.job_id,
+                claim.attempt,
+                "boom",
+                retryable=retryable,
+                retry_base_sec=0,
+                worker_id=WORKER,
+            )
+        )
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000), refund=st.booleans())
+    def release(self, index: int, refund: bool) -> None:
+        claim = self.pick_claim(index)
+        row = self.rows[claim.job_id]
+        if row.cancel_requested:
+            outcome = "canceled"
+        elif refund or row.attempt < row.max_attempts:
+            outcome = "queued"
+        else:
+            outcome = "lost"
+        self.expect_outcome(claim, {outcome})
+        self.run(
+            self.repo.release(
+                claim.job_id, claim.attempt, refund=refund, worker_id=WORKER, reason="test"
+            )
+        )
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000))
+    def backoff(self, index: int) -> None:
+        claim = self.pick_claim(index)
+        outcome = "canceled" if self.rows[claim.job_id].cancel_requested else "queued"
+        self.expect_outcome(claim, {outcome})
+        assert self.run(self.repo.backoff(claim, 0, WORKER)) == self.current(claim)
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000))
+    def stop_on_cancel(self, index: int) -> None:
+        claim = self.pick_claim(index)
+        self.expect_outcome(claim, {"canceled"})
+        done = self.run(self.repo.mark_canceled(claim.job_id, claim.attempt, WORKER))
+        assert done == self.current(claim)
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000), journal=st.booleans())
+    def heartbeat(self, index: int, journal: bool) -> None:
+        claim = self.pick_claim(index)
+        self.expect_outcome(claim, {"running"})
+        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.attempt, journal)], WORKER))
+        assert (claim.job_id in ours) == self.current(claim)
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000), step=st.integers(0, 100))
+    def progress(self, index: int, step: int) -> None:
+        claim = self.pick_claim(index)
+        self.expect_outcome(claim, {"running"})
+        answer = self.run(self.repo.set_progress(claim.job_id, claim.attempt, {"step": step}))
+        assert (answer is not None) == self.current(claim)
+
+    @precondition(lambda self: self.jobs)
+    @rule(index=st.integers(0, 10_000))
+    def cancel(self, index: int) -> None:
+        job_id = self.jobs[index % len(self.jobs)]
+        before = self.rows[job_id].status
+        self.expect = (job_id, frozenset({"canceled" if before == "queued" else before}))
+        state = self.run(self.repo.cancel(job_id))
+        assert state is not None
+        if before == "running":
+            assert state.cancel_requested
+
+    @precondition(lambda self: self.claims)
+    @rule(index=st.integers(0, 10_000))
+    def lease_expires_and_is_reaped(self, index: int) -> None:
+        claim = self.pick_claim(index)
+        row = self.rows[claim.job_id]
+        self.run(
+            self.pool.execute(
+                "UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'"
+                " WHERE job_id = $1 AND status = 'running'",
+                claim.job_id,
+            )
+        )
+        reaped = dict(self.run(self.repo.reap_expired(500, "state-machine-reaper")))
+        if row.status == "running":
+            if row.cancel_requested:
+                outcome = "canceled"
+            elif row.attempt < row.max_attempts:
+                outcome = "queued"
+            else:
+                outcome = "lost"
+            assert reaped.get(claim.job_id) == outcome
+            self.expect = (claim.job_id, frozenset({outcome}))
+        else:
+            assert claim.job_id not in reaped
+
+    # --- the check after every step ----------------------------------------------------------
+
+    @invariant()
+    def only_legal_changes(self) -> None:
+        rows = {
+            r["job_id"]: Row(**{k: v for k, v in r.items() if k != "job_id"})
+            for r in self.run(self.pool.fetch(SNAPSHOT, self.queue))
+        }
+        for job_id, now in rows.items():
+            self.consistent(job_id, now)
+            before = self.rows.get(job_id)
+            if before is None:
+                continue
+            if before.status in FINAL:
+                assert now == before, f"final job {job_id} changed: {before} -> {now}"
+            elif before.status != now.status:
+                assert (before.status, now.status) in LEGAL, (before.status, now.status)
+        if self.expect is not None:
+            job_id, allowed = self.expect
+            assert rows[job_id].status in allowed, (rows[job_id].status, allowed)
+        assert set(self.rows) <= set(rows)
+        self.rows = rows
+        self.expect = None
+        running_keys = [r.lock_key for r in rows.values() if r.status == "running"]
+        assert len(running_keys) == len(set(running_keys)), "two jobs of one lock_key running"
+
+    @staticmethod
+    def consistent(job_id: uuid.UUID, row: Row) -> None:
+        assert 0 <= row.attempt <= row.max_attempts, (job_id, row)
+        assert (row.lease_expires_at is not None) == (row.status == "running"), (job_id, row)
+        assert (row.finished_at is not None) == (row.status in FINAL), (job_id, row)
+        if row.status == "running":
+            assert row.attempt >= 1, (job_id, row)
+
+
+@pytest.fixture
+def state_machine(db_dsn: str) -> type[JobStateMachine]:
+    JobStateMachine.dsn = db_dsn
+    return JobStateMachine
+
+
+def test_the_job_state_machine_only_makes_legal_transitions(
+    state_machine: type[JobStateMachine],
+) -> None:
+    run = state_machine.TestCase
+    run.settings = settings(
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        database=None,  # no example database in the working tree
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    run().runTest()
+
+
+async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
+    conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The one sequence the machine above must keep finding: the reaper requeues a lease, a new
+    attempt claims the job, and the old attempt's completion arrives late."""
+    pool = await create_pool(db_dsn, 2, "state-machine")
+    try:
+        repo = JobRepository(pool)
+        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+        (first,) = await repo.claim("q", 1, WORKER)
+        await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
+        assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
+        (second,) = await repo.claim("q", 1, WORKER)
+        assert await repo.complete_many([(first.job_id, first.attempt)], WORKER) == set()
+        state = await repo.get(job.job_id)
+        assert state is not None
+        assert (state.status, state.attempt) == ("running", second.attempt)
+    finally:
+        await pool.close()
