@@ -1,10 +1,11 @@
 """Bearer-token authentication of the API (`DL_API_TOKENS`).
 
-Each route declares the scope it needs (`requires(Scope.read)` …); a token's scope includes the
-lower ones. Presented tokens are compared by their SHA-256 digests with `hmac.compare_digest`,
-against every configured token without stopping at a match, so neither the answer's timing nor
-its content tells how much of a guess was right. Tokens never reach a log line: failures are
-logged with the reason and the client's address, successes not at all.
+Each route declares the scope it needs (`requires(Scope.read)` …) and is checked by
+`AuthorizedRoute` before its body is parsed; a token's scope includes the lower ones. Presented
+tokens are compared by their SHA-256 digests with `hmac.compare_digest`, against every
+configured token without stopping at a match, so neither the answer's timing nor its content
+tells how much of a guess was right. Tokens never reach a log line: failures are logged with
+the reason and the path, successes not at all.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dataloader.config import ApiToken, Scope
@@ -57,38 +60,73 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
-def requires(scope: Scope) -> Any:
-    """A route dependency that lets a request through with a token of at least `scope`."""
+class _Requirement:
+    """The dependency `requires` returns: it declares the bearer scheme in the OpenAPI schema,
+    while `AuthorizedRoute` does the check (before the body is even parsed)."""
 
-    async def check(
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+
+    async def __call__(
+        self, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> None:
-        authenticator: Authenticator = request.app.state.authenticator
-        if not authenticator.enabled:
-            return
-        token = authenticator.identify(credentials.credentials) if credentials else None
-        if token is None:
-            reason = "unknown bearer token" if credentials else "missing bearer token"
-            log.warning(
-                "refused %s %s: %s",
-                request.method,
-                request.url.path,
-                reason,
-                extra={"client": request.client.host if request.client else None},
-            )
-            raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
-        if token.scope < scope:
-            log.warning(
-                "refused %s %s: token %r has scope %s, %s needed",
-                request.method,
-                request.url.path,
-                token.name,
-                token.scope.name,
-                scope.name,
-            )
-            raise HTTPException(
-                403, f"this token's scope is {token.scope.name}; {scope.name} is needed"
-            )
+        return None
 
-    return Depends(check)
+
+def requires(scope: Scope) -> Any:
+    """A route dependency: the request needs a token of at least `scope` (on routers whose
+    `route_class` is `AuthorizedRoute`)."""
+    return Depends(_Requirement(scope))
+
+
+class AuthorizedRoute(APIRoute):
+    """A route that checks the token its `requires` asks for first of all: a request without
+    the right token learns nothing, not even whether its body would have been valid."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        needed = [
+            d.dependency.scope for d in self.dependencies if isinstance(d.dependency, _Requirement)
+        ]
+        if not needed:
+            return handler
+        scope = max(needed)
+
+        async def authorized(request: Request) -> Response:
+            authorize(request, scope)
+            return await handler(request)
+
+        return authorized
+
+
+def authorize(request: Request, scope: Scope) -> None:
+    """Raise 401 (no or unknown token) or 403 (too small a scope) unless authentication is
+    off or the request's bearer token has at least `scope`."""
+    authenticator: Authenticator = request.app.state.authenticator
+    if not authenticator.enabled:
+        return
+    presented = _bearer_token(request)
+    token = authenticator.identify(presented) if presented else None
+    if token is None:
+        reason = "unknown bearer token" if presented else "missing bearer token"
+        log.warning("refused %s %s: %s", request.method, request.url.path, reason)
+        raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
+    if token.scope < scope:
+        log.warning(
+            "refused %s %s: token %r has scope %s, %s needed",
+            request.method,
+            request.url.path,
+            token.name,
+            token.scope.name,
+            scope.name,
+        )
+        raise HTTPException(
+            403, f"this token's scope is {token.scope.name}; {scope.name} is needed"
+        )
+
+
+def _bearer_token(request: Request) -> str | None:
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return None
+    return credentials.strip()

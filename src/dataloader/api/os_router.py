@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from dataloader.api.auth import AUTH_ERRORS, requires
+from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
 from dataloader.storage.db import CONNECTION_ERRORS
 
-router = APIRouter(tags=["infra"])
+router = APIRouter(tags=["infra"], route_class=AuthorizedRoute)
 
 #: /status gives up on the database after this long (it is probed by humans and monitors).
 STATUS_DB_TIMEOUT_SEC = 3.0

@@ -95,7 +95,15 @@ INVALID_TRIGGER_BODIES: list[tuple[str, Any, tuple[str | int, ...]]] = [
     ("idempotency_key-empty", with_(idempotency_key=""), ("body", "idempotency_key")),
     ("partition_key-nul", with_(partition_key="p\u0000"), ("body", "partition_key")),
     ("max_attempts-zero", with_(max_attempts=0), ("body", "max_attempts")),
+    ("max_attempts-negative", with_(max_attempts=-1), ("body", "max_attempts")),
     ("lease_ttl_sec-zero", with_(lease_ttl_sec=0), ("body", "lease_ttl_sec")),
+    ("lease_ttl_sec-negative", with_(lease_ttl_sec=-60), ("body", "lease_ttl_sec")),
+    ("lease_ttl_sec-above-int32", with_(lease_ttl_sec=2**31), ("body", "lease_ttl_sec")),
+    (
+        "available_at-year-0",
+        with_(available_at="0000-01-01T00:00:00+00:00"),
+        ("body", "available_at"),
+    ),
     ("unknown-field", with_(colour="red"), ("body", "colour")),
     ("array-body", [VALID_TRIGGER], ("body",)),
 ]

@@ -313,6 +313,20 @@ async def test_future_available_at_is_stored(
     assert datetime.fromisoformat(body["available_at"]) == datetime.fromisoformat(due)
 
 
+async def test_the_longest_queue_name_fits_the_notification_that_wakes_its_workers(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Queue names are capped at 200 characters: 800 bytes of UTF-8 at most, far below the
+    8000-byte NOTIFY payload limit that the spec's trigger sends them in."""
+    queue = "\U0001d52e" * 200  # 4 bytes each in UTF-8
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    await conn.add_listener("dl_jobs", lambda *args: heard.put_nowait(args[-1]))
+    api = await start_service(run_workers=False)
+    job_id = await api.trigger(task="demo.noop", queue=queue)
+    assert await asyncio.wait_for(heard.get(), timeout=10) == queue
+    assert (await api.status(job_id))["queue"] == queue
+
+
 # --- infrastructure routes ---------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from dataloader.api.auth import AUTH_ERRORS, requires
+from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     JobStatusResponse,
@@ -17,7 +17,9 @@ from dataloader.api.v1.schemas import (
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Scope
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
+router = APIRouter(
+    prefix="/api/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS, route_class=AuthorizedRoute
+)
 
 
 def get_service(request: Request) -> JobsService:
