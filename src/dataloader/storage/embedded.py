@@ -38,6 +38,7 @@ def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
         server = get_server(data_dir.resolve() / "pgdata")
+        # `database` is our constant (DATABASE), never input: psql takes no parameters
         exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
         if "(1 row)" not in exists:
             server.psql(f'CREATE DATABASE "{database}";')
