@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -47,6 +48,9 @@ class Scope(IntEnum):
     admin = 3  # everything
 
 
+_TOKEN = re.compile(r"^[\x21-\x7e]{16,4096}$")
+
+
 class ApiToken(BaseModel):
     """One entry of `DL_API_TOKENS`: a bearer token, its scope, and a name for the logs."""
 
@@ -58,9 +62,12 @@ class ApiToken(BaseModel):
 
     @field_validator("token")
     @classmethod
-    def _long_enough(cls, value: SecretStr) -> SecretStr:
-        if not 16 <= len(value.get_secret_value()) <= 4096:
-            raise ValueError("must be 16 to 4096 characters long (a guessable token is no lock)")
+    def _usable(cls, value: SecretStr) -> SecretStr:
+        if not _TOKEN.match(value.get_secret_value()):
+            raise ValueError(
+                "must be 16 to 4096 printable ASCII characters without spaces (what an HTTP"
+                " header carries intact; a short token is guessable)"
+            )
         return value
 
     @field_validator("scope", mode="before")

@@ -185,7 +185,9 @@ def test_api_tokens_are_read_with_scopes_and_hidden_in_reprs(
     ("tokens", "mentions"),
     [
         (f'[{{"name": "etl", "scope": "root", "token": "{SECRET}"}}]', "read, trigger, admin"),
-        ('[{"name": "etl", "scope": "read", "token": "short-s3cret"}]', "16 to 4096 characters"),
+        ('[{"name": "etl", "scope": "read", "token": "short-s3cret"}]', "16 to 4096 printable"),
+        (f'[{{"name": "etl", "scope": "read", "token": "{SECRET} x"}}]', "without spaces"),
+        (f'[{{"name": "etl", "scope": "read", "token": "{SECRET}é"}}]', "ASCII"),
         (f'[{{"name": "a b", "scope": "read", "token": "{SECRET}"}}]', "pattern"),
         (
             f'[{{"name": "a", "scope": "read", "token": "{SECRET}"}},'
@@ -194,7 +196,15 @@ def test_api_tokens_are_read_with_scopes_and_hidden_in_reprs(
         ),
         (f'{{"name": "etl", "token": "{SECRET}"', "not valid JSON"),
     ],
-    ids=["unknown-scope", "short-token", "bad-name", "duplicate-token", "malformed"],
+    ids=[
+        "unknown-scope",
+        "short-token",
+        "token-with-space",
+        "token-not-ascii",
+        "bad-name",
+        "duplicate-token",
+        "malformed",
+    ],
 )
 def test_bad_api_tokens_are_a_config_error_that_does_not_echo_them(
     tokens: str, mentions: str

@@ -61,16 +61,20 @@ def _digest(token: str) -> bytes:
 
 
 class _Requirement:
-    """The dependency `requires` returns: it declares the bearer scheme in the OpenAPI schema,
-    while `AuthorizedRoute` does the check (before the body is even parsed)."""
+    """The dependency `requires` returns. It declares the bearer scheme in the OpenAPI schema;
+    `AuthorizedRoute` checks it before the body is parsed, and the dependency checks it again
+    when it runs, so that a route of another class (or a router-level requirement, which the
+    route class does not see) fails closed rather than open."""
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
 
     async def __call__(
-        self, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+        self,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> None:
-        return None
+        authorize(request, self.scope)
 
 
 def requires(scope: Scope) -> Any:

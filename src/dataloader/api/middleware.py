@@ -9,7 +9,9 @@ import logging
 import re
 import time
 import uuid
+from typing import Literal
 
+from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dataloader.logger import log_context
@@ -69,9 +71,11 @@ def _request_id(scope: Scope) -> str:
 
 
 class BodyLimitMiddleware:
-    """Answer 413 to a request whose body is larger than `max_bytes`, without reading it whole:
-    at once when `Content-Length` says so, else (a chunked body) as soon as the chunks read so
-    far pass the limit. Nothing behind it ever sees such a body."""
+    """Refuse request bodies larger than `max_bytes` with 413. A declared `Content-Length`
+    above the limit is refused before anything is read; otherwise the body is counted as the
+    route reads it (whatever the headers claimed, chunked or not), and reading stops at the
+    chunk that passes the limit. Nothing is buffered here: a request refused before its body
+    is read (e.g. without a valid token) never has it read at all."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -81,53 +85,54 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
-        if declared is not None:
-            if declared > self.max_bytes:
-                await self._refuse(send)
-            else:  # the server holds the body to its declared length
-                await self.app(scope, receive, send)
+        declared = _declared_length(scope)
+        if declared == "invalid":
+            await _answer(send, 400, "invalid Content-Length header")
             return
-        chunks: list[Message] = []
-        size = 0
-        while True:
+        if declared is not None and declared > self.max_bytes:
+            await _answer(send, 413, self._too_large)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
             message = await receive()
-            chunks.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            if not message.get("more_body", False):
-                break
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI lets an HTTPException raised while reading the body through
+                    raise HTTPException(413, self._too_large)
+            return message
 
-        async def replay() -> Message:
-            return chunks.pop(0) if chunks else await receive()
+        await self.app(scope, counted, send)
 
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    @property
+    def _too_large(self) -> str:
+        return f"request body larger than {self.max_bytes} bytes"
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+def _declared_length(scope: Scope) -> int | Literal["invalid"] | None:
+    """The Content-Length header: None when absent, "invalid" unless exactly one run of
+    digits (servers usually refuse the others before us; in-process clients do not)."""
+    values = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+    if not values:
+        return None
+    if len(values) > 1 or not values[0].isdigit():
+        return "invalid"
+    return int(values[0])
+
+
+async def _answer(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

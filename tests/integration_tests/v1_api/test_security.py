@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+
+from dataloader.api import create_app
+from dataloader.api.auth import AuthorizedRoute, _Requirement, requires
+from dataloader.config import Scope
 
 from ..conftest import Service, StartService
 from ..procs import free_port, launched, run_cli
@@ -105,6 +110,50 @@ async def test_health_and_the_schema_need_no_token(secured: Service) -> None:
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 
+def test_every_route_but_the_open_ones_requires_a_scope(make_settings: Any) -> None:
+    """A route added without `requires(...)`, or on a router without `AuthorizedRoute`, would
+    be open to anyone: this lists them."""
+    app = create_app(make_settings(), run_workers=False)
+    open_paths = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    routes = list(every_route(app.routes))
+    unprotected = [
+        path
+        for path, route in routes
+        if path not in open_paths
+        and not (
+            isinstance(route, AuthorizedRoute)
+            and any(isinstance(d.dependency, _Requirement) for d in route.dependencies)
+        )
+    ]
+    assert unprotected == []
+    assert {"/status", TRIGGER_URL} <= {path for path, _ in routes}  # the walk found them
+
+
+def every_route(routes: list[Any]) -> Iterator[tuple[str, Any]]:
+    """(path, route) of every route, inside included routers too."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from every_route(included.routes)
+        else:
+            yield route.path, route
+
+
+async def test_a_requirement_outside_an_authorized_route_still_refuses(
+    start_service: StartService,
+) -> None:
+    """The dependency checks too: a route of FastAPI's own class fails closed, not open."""
+    service = await start_service(run_workers=False, api_tokens=TOKENS)
+
+    @service.app.get("/plain", dependencies=[requires(Scope.admin)])
+    async def plain() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    assert (await service.client.get("/plain")).status_code == 401
+    assert (await service.client.get("/plain", headers=bearer(READ))).status_code == 403
+    assert (await service.client.get("/plain", headers=bearer(ADMIN))).json() == {"ok": "yes"}
+
+
 async def test_without_tokens_the_api_is_open_on_loopback(
     start_service: StartService,
 ) -> None:
@@ -161,6 +210,52 @@ async def test_a_chunked_body_is_cut_off_at_the_limit(
     assert response.status_code == 413
     assert sent < 10  # refused after the first few kilobytes, not after reading 1 MB
     assert await stored_rows(conn) == (0, 0)
+
+
+async def test_a_body_longer_than_its_content_length_is_still_cut_off(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Whatever the headers claim, the bytes are counted as they are read."""
+    service = await start_service(run_workers=False, http_max_body_bytes=4096)
+    body = json.dumps(VALID_TRIGGER | {"args": {"pad": "x" * 100_000}}).encode()
+    response = await service.client.post(
+        TRIGGER_URL,
+        content=body,
+        headers={"content-type": "application/json", "content-length": "100"},
+    )
+    assert response.status_code == 413, response.text
+    assert await stored_rows(conn) == (0, 0)
+
+
+@pytest.mark.parametrize("declared", ["-1", "1_0", " 5", "5, 5", "abc"])
+async def test_an_invalid_content_length_is_400(
+    start_service: StartService, conn: asyncpg.Connection, declared: str
+) -> None:
+    service = await start_service(run_workers=False)
+    response = await service.client.post(
+        TRIGGER_URL,
+        content=json.dumps(VALID_TRIGGER).encode(),
+        headers={"content-type": "application/json", "content-length": declared},
+    )
+    assert response.status_code == 400
+    assert response.json() == {"detail": "invalid Content-Length header"}
+    assert await stored_rows(conn) == (0, 0)
+
+
+async def test_an_unauthenticated_body_is_never_read(start_service: StartService) -> None:
+    """The token is checked before the body is read: a refused request costs no memory."""
+    service = await start_service(run_workers=False, api_tokens=TOKENS)
+    sent = 0
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(100):
+            sent += 1
+            yield b"x" * 1024
+
+    response = await service.client.post(TRIGGER_URL, content=chunks())
+    assert response.status_code == 401
+    assert sent <= 1  # at most what the client pushed before the answer
 
 
 async def test_a_body_within_the_limit_is_served_chunked_or_not(
