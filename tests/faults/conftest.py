@@ -40,6 +40,9 @@ FAULT_ENV: dict[str, str] = {
     "DL_CLAIM_BACKOFF_SEC": "0.2",
     "DL_POLL_INTERVAL_SEC": "0.5",
     "DL_SHUTDOWN_TIMEOUT_SEC": "2",
+    # 4 + listener + lock holder + the pipeline's ledger pool (≤ 4) per replica: two scenarios
+    # of three replicas at once stay well within a server's default 100 connections
+    "DL_DB_POOL_SIZE": "4",
 }
 
 

@@ -91,11 +91,26 @@ async def work(ctx: JobContext[WorkArgs]) -> None:
         outcome = type(exc).__name__
         raise
     finally:
-        await asyncio.shield(record_end(pool, started, run_id, now(), outcome))
+        await record_end_surely(pool, started, run_id, now(), outcome)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+async def record_end_surely(
+    pool: asyncpg.Pool,
+    started: asyncio.Future[str],
+    run_id: uuid.UUID,
+    ended_at: datetime,
+    outcome: str,
+) -> None:
+    """`record_end`, awaited to its end even through more cancels (the run stops, whatever
+    stops it, only once its end is in the ledger)."""
+    end = asyncio.ensure_future(record_end(pool, started, run_id, ended_at, outcome))
+    while not end.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(end)
 
 
 async def record_end(

@@ -3,6 +3,9 @@ terminated by the server, and a pool much smaller than the worker slots."""
 
 from __future__ import annotations
 
+import asyncpg
+
+from ..conftest import with_database
 from ..integration_tests.helpers import wait_until
 from .conftest import Scenario, rounds
 
@@ -63,11 +66,19 @@ async def test_listen_connection_terminated_while_jobs_are_enqueued(scenario: Sc
     (replica,) = await scenario.start(1, concurrency=4, DL_POLL_INTERVAL_SEC="3600")
     total = rounds(3)
     for _ in range(total):
+        await wait_until(lambda: listening(scenario), what="the listener to connect")
         before = await backends(scenario, "dataloader-listener")
-        assert len(before) == 1
-        await terminate(scenario, before)
-        scenario.hit(replica)
-        await scenario.enqueue(10, per_key=1, steps=1)  # while the listener is down
+        # the listener cannot come back until the jobs below are in, and they send no NOTIFY
+        # (which a listener would hear): only the poll after its reconnect can find them
+        await allow_connections(scenario, False)
+        try:
+            await terminate(scenario, before)
+            scenario.hit(replica)
+            await scenario.conn.execute("SET session_replication_role = replica")
+            await scenario.enqueue(10, per_key=1, steps=1)
+            await scenario.conn.execute("RESET session_replication_role")
+        finally:
+            await allow_connections(scenario, True)
         await wait_until(
             lambda old=before: replaced(scenario, "dataloader-listener", old),
             what="the listener to reconnect",
@@ -78,10 +89,25 @@ async def test_listen_connection_terminated_while_jobs_are_enqueued(scenario: Sc
     await scenario.check(total, 0.0)
 
 
+async def allow_connections(scenario: Scenario, allowed: bool) -> None:
+    """Let new connections into the test database, or not (open ones stay)."""
+    database = await scenario.conn.fetchval("SELECT current_database()")
+    admin = await asyncpg.connect(with_database(scenario.dsn, "postgres"))
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {allowed}')
+    finally:
+        await admin.close()
+
+
+async def listening(scenario: Scenario) -> bool:
+    return len(await backends(scenario, "dataloader-listener")) == 1
+
+
 async def test_more_slots_than_connections_still_heartbeats(scenario: Scenario) -> None:
-    # 24 slots writing progress and heartbeats through a pool of 2; leases of 2 s
+    # 24 slots writing progress and heartbeats through a pool of 2
     await scenario.start(1, concurrency=24, DL_DB_POOL_SIZE="2")
-    await scenario.enqueue(72, steps=20, step_sec=0.1)
+    # leases of 6 s: a heartbeat must get through the pool within 5.4 s (self-fencing)
+    await scenario.enqueue(72, steps=20, step_sec=0.1, lease_ttl_sec=6)
     report = await scenario.check(1, await scenario.settle(timeout=120))
     reaped = await scenario.conn.fetchval(
         "SELECT count(*) FROM dl_job_events WHERE kind IN ('requeue', 'lost')"

@@ -23,7 +23,7 @@ async def test_a_long_open_transaction_elsewhere_is_survived_and_reported(
         blocker_pid = blocker.get_server_pid()
         scenario.fault_now()
 
-        await scenario.enqueue(200, steps=1)
+        await scenario.enqueue(200, steps=1, lease_ttl_sec=10)  # no reaps on a slow machine
         report = await scenario.check(1, await scenario.settle())  # the queue kept working
         assert report.runs == report.jobs
 
@@ -69,6 +69,7 @@ async def test_postgres_restarts_fast_and_immediate_under_load(
             await wait_until(
                 lambda: has_listeners(scenario, len(replicas)), 30, "both listeners to return"
             )
+            await scenario.settle(timeout=90)  # no run left whose end would wake the queue
             await scenario.enqueue(20, per_key=1, steps=1)  # woken by NOTIFY only
         report = await scenario.check(len(modes), await scenario.settle(timeout=90))
         assert report.runs > report.jobs  # the restarts did interrupt runs

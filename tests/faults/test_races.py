@@ -23,7 +23,7 @@ ORPHANS = """
 WITH orphans AS (
     INSERT INTO dl_jobs (job_id, queue, task, lock_key, args, status, attempt, max_attempts,
                          lease_ttl_sec, lease_expires_at, started_at, heartbeat_at)
-    SELECT gen_random_uuid(), $1, $2, 'orphan-' || i, '{"steps": 0}', 'running', 1, 50, 2,
+    SELECT gen_random_uuid(), $1, $2, 'orphan-' || i, '{"steps": 0}', 'running', 1, 50, 10,
            CASE WHEN i % 2 = 0 THEN now() - interval '1 minute'
                 ELSE now() + make_interval(secs => $5::float8 * i / $3) END,
            now() - interval '2 minutes', now() - interval '2 minutes'
@@ -69,7 +69,8 @@ async def cancel_all(clients: list[httpx.AsyncClient], job_ids: list[str], seed:
 
 async def test_cancels_racing_completions(scenario: Scenario, conn: asyncpg.Connection) -> None:
     replicas = await scenario.start(2, concurrency=8)
-    await scenario.enqueue(300, per_key=1, steps=1, step_sec=0.005)
+    # leases of 10 s: a job is never reaped here, only canceled or completed
+    await scenario.enqueue(300, per_key=1, steps=1, step_sec=0.005, lease_ttl_sec=10)
     job_ids = [str(r["job_id"]) for r in await conn.fetch("SELECT job_id FROM dl_jobs")]
     clients = [replica.client for replica in replicas]
     # two cancellers over the same jobs while the replicas run them

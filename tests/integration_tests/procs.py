@@ -112,7 +112,7 @@ class ServiceProcess(JobsApi):
     def _fail(self, message: str) -> AssertionError:
         return AssertionError(f"{self.name}: {message}{self.describe_failure()}")
 
-    async def wait_healthy(self, within: float = 15) -> float:
+    async def wait_healthy(self, within: float = 60) -> float:
         """Poll GET /health until it answers 200; returns the seconds it took."""
         started = time.monotonic()
         deadline = started + within

@@ -5,7 +5,6 @@ also probes the lock-holding connection, whose loss means every lock is gone."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -27,6 +26,7 @@ class Heartbeat:
 
     def __init__(self, runtime: WorkerRuntime) -> None:
         self._rt = runtime
+        self._lock_probe: asyncio.Task[None] | None = None
 
     def period(self) -> float:
         """DL_HEARTBEAT_SEC, shortened so that no running job's lease can lapse between beats."""
@@ -54,6 +54,8 @@ class Heartbeat:
                     "heartbeat failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
                 )
             self.fence_stale()
+        if self._lock_probe is not None:
+            self._lock_probe.cancel()
 
     def fence_stale(self) -> None:
         """Stop jobs whose lease we could not extend in time: by the time it expires, another
@@ -67,10 +69,25 @@ class Heartbeat:
                 r.lose("the lease could not be extended before it expired")
 
     async def beat_once(self) -> None:
-        """One heartbeat for every running job, then a probe of the lock connection."""
+        """One heartbeat for every running job, and a probe of the lock connection."""
         await self._extend_leases()
-        with contextlib.suppress(LockConnectionLost):
-            await self._rt.locks.ping()  # on failure the holder stops the jobs it had locked
+        self._probe_locks()
+
+    def _probe_locks(self) -> None:
+        """Ping the lock connection unless a ping is still out. In a task of its own, bounded
+        by the holder's own timeout (DL_DB_TIMEOUT_SEC), not by the beat's: only the holder's
+        timeout marks a half-open connection lost and its server session for ending, and a
+        silent lock connection must not hold up the leases' extension either."""
+        if self._lock_probe is None or self._lock_probe.done():
+            self._lock_probe = asyncio.create_task(self._ping_locks(), name="lock-probe")
+
+    async def _ping_locks(self) -> None:
+        try:
+            await self._rt.locks.ping()
+        except LockConnectionLost:
+            pass  # the holder has stopped the jobs it had locked, and reconnects
+        except Exception as exc:  # the next beat probes again
+            log.warning("lock connection probe failed: %r", exc)
 
     async def _extend_leases(self) -> None:
         running = [r for r in self._rt.running.values() if r.state.lost_reason is None]

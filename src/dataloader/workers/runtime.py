@@ -54,9 +54,11 @@ class RunningJob:
         self.state.cancel_requested = True
 
     def lose(self, reason: str) -> None:
-        """The job is no longer ours: stop the pipeline now."""
-        if self.state.lost_reason is None:
-            self.state.lost_reason = reason
+        """The job is no longer ours: stop the pipeline now (once: a second cancel would cut
+        short the pipeline's own clean-up of the first)."""
+        if self.state.lost_reason is not None:
+            return
+        self.state.lost_reason = reason
         if self.task is not None:
             self.task.cancel()
 
