@@ -10,6 +10,15 @@ from .conftest import Scenario, rounds
 from .proxy import FreezingProxy
 from .server import DATABASE, PrivateServer
 
+SESSIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
+SESSIONS_BY_NAME = """
+SELECT application_name, state, count(*) FROM pg_stat_activity WHERE datname = $1 GROUP BY 1, 2
+"""
+#: Per replica: a pool of 4, the listener, the lock holder, the pipeline's ledger pool of 4, and
+#: up to 4 frozen pool connections still idle in the pool (found and ended when next used); the
+#: test's own connection. Without ending abandoned sessions, each round adds ~6 per replica.
+SESSION_BUDGET = 2 * (4 + 1 + 1 + 4 + 4) + 1
+
 
 async def running_runs(scenario: Scenario) -> bool:
     return bool(
@@ -42,8 +51,20 @@ async def test_half_open_connections_are_detected_and_replaced(
             await scenario.settle(timeout=60)
         report = await scenario.check(total, await scenario.settle())
         assert report.runs > report.jobs  # the frozen connections did cut runs short
-        for replica in replicas:  # the silent lock sessions were ended, not left holding locks
-            assert "ended the abandoned lock session" in replica.logs(), replica.logs()[-3000:]
+        # the silent sessions were ended, not left holding locks and connection slots until
+        # the server's keepalive noticed (the proxy keeps its side open: it never would)
+        for replica in replicas:
+            for kind in ("lock", "pool", "listener"):
+                assert f"ended the abandoned {kind} session" in replica.logs(), kind
+
+        async def sessions_bounded() -> bool:
+            return bool(await conn.fetchval(SESSIONS, DATABASE) <= SESSION_BUDGET)
+
+        try:
+            await wait_until(sessions_bounded, what=f"at most {SESSION_BUDGET} server sessions")
+        except AssertionError:
+            held = [tuple(r) for r in await conn.fetch(SESSIONS_BY_NAME, DATABASE)]
+            raise AssertionError(f"sessions left open: {held}") from None
     finally:
         await scenario.conn.close()
         await proxy.close()

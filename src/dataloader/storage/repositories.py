@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -11,11 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 from asyncpg import Record
 
 from dataloader.base import JobStatus
 from dataloader.storage import queries
 from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -109,18 +113,38 @@ class JobRepository:
     def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
         self._pool = pool
         self._timeout = timeout
+        #: Server pid → start of the pool's sessions, learnt on each one's first use.
+        self._sessions: dict[int, datetime] = {}
+        self._abandoned = AbandonedSessions("pool")
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
-        """A pool connection, closed instead of reused if a statement was cut short."""
+        """A pool connection, closed instead of reused if a statement was cut short (and its
+        server session ended from the next connection, if it timed out)."""
         conn = await self._pool.acquire(timeout=self._timeout)
         try:
+            await self._know_session(conn)
             yield conn
         except (asyncio.CancelledError, TimeoutError):
-            conn.terminate()  # its statement may still be in flight
+            # its statement may still be in flight, on a socket that may be half-open: close
+            # it, and end its session from the next connection (if it is still there)
+            started = self._sessions.pop(conn.get_server_pid(), None)
+            if started is not None:
+                self._abandoned.add(conn.get_server_pid(), started)
+            conn.terminate()
             raise
         finally:
             await self._pool.release(conn, timeout=self._timeout)
+
+    async def _know_session(self, conn: PoolConnectionProxy[Record]) -> None:
+        """Learn a new connection's session identity; end sessions given up on."""
+        if conn.get_server_pid() not in self._sessions:
+            if len(self._sessions) > 1000:  # forget connections the pool has long replaced
+                self._sessions.clear()
+            pid, started = await session_identity(conn)  # type: ignore[arg-type]
+            self._sessions[pid] = started
+        if self._abandoned:
+            await self._abandoned.end(conn, self._timeout)  # type: ignore[arg-type]
 
     async def _fetch(self, query: str, *args: Any) -> list[Record]:
         async with self._conn() as conn:
@@ -375,6 +399,38 @@ async def session_identity(conn: Connection) -> tuple[int, datetime]:
 async def end_session(conn: Connection, pid: int, backend_start: datetime) -> bool:
     """Terminate the session (pid, backend_start) if it still exists; whether it did."""
     return bool(await conn.fetchval(queries.END_SESSION, pid, backend_start))
+
+
+class AbandonedSessions:
+    """Server sessions of ours given up on (no answer within the timeout: a half-open socket),
+    to be ended from a connection that works. The server keeps such a session, with its locks
+    and its connection slot, until TCP keepalive notices the silence, by default after hours.
+    Sessions are matched on pid *and* start time, so a pid reused since is never touched."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._pending: set[tuple[int, datetime]] = set()
+
+    def add(self, pid: int, backend_start: datetime) -> None:
+        self._pending.add((pid, backend_start))
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    async def end(self, conn: Connection, timeout: float) -> None:
+        """End every pending session from `conn`. One the server refuses to end is logged and
+        dropped; on a connection failure the rest stay pending for the next connection."""
+        for pid, started in list(self._pending):
+            try:
+                ended = await asyncio.wait_for(end_session(conn, pid, started), timeout)
+            except asyncpg.PostgresError as exc:  # e.g. a role not allowed to end sessions
+                log.warning(
+                    "could not end the abandoned %s session (pid %d): %s", self._label, pid, exc
+                )
+                ended = False
+            self._pending.discard((pid, started))
+            if ended:
+                log.warning("ended the abandoned %s session (pid %d)", self._label, pid)
 
 
 async def ping(conn: Connection) -> None:

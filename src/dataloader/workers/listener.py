@@ -45,6 +45,8 @@ class Listener:
         self._closed = asyncio.Event()
         self.connected = asyncio.Event()
         self.reconnects = 0
+        #: Sessions of connections that went silent: ended from the next connection.
+        self._abandoned = repositories.AbandonedSessions("listener")
 
     @property
     def backend_pid(self) -> int | None:
@@ -68,6 +70,8 @@ class Listener:
         self._closed.clear()
         conn.add_termination_listener(lambda _c: self._closed.set())
         try:
+            session = await asyncio.wait_for(repositories.session_identity(conn), self._timeout)
+            await self._abandoned.end(conn, self._timeout)
             await conn.add_listener(queries.JOBS_CHANNEL, self._notified)
             await conn.add_listener(queries.CANCEL_CHANNEL, self._notified)
             self._conn = conn
@@ -77,8 +81,11 @@ class Listener:
             while not stopping.is_set():
                 if await wait_any(stopping, self._closed, timeout=self._check_period):
                     return
-                # a silent half-open socket shows up here, as a timeout
-                await asyncio.wait_for(repositories.ping(conn), self._timeout)
+                try:
+                    await asyncio.wait_for(repositories.ping(conn), self._timeout)
+                except TimeoutError:  # a silent, half-open socket: its session may live on
+                    self._abandoned.add(*session)
+                    raise
         finally:
             self.connected.clear()
             self._conn = None

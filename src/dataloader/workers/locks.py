@@ -23,8 +23,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
-import asyncpg
-
 from dataloader.storage import repositories
 from dataloader.storage.db import (
     CONNECTION_ERRORS,
@@ -55,8 +53,8 @@ class LockHolder:
         self._on_lost = on_lost
         self._timeout = timeout  # for each answer; beyond it the connection counts as lost
         self._conn: Connection | None = None
-        #: (pid, backend_start) of a lost connection's session that may still hold locks.
-        self._abandoned: tuple[int, datetime] | None = None
+        #: Sessions of lost connections that may still hold locks on the server.
+        self._abandoned = repositories.AbandonedSessions("lock")
         self._session: tuple[int, datetime] | None = None
         self._mutex = asyncio.Lock()  # one statement at a time on the connection
         #: Reserved hashes → the connection generation that locked them.
@@ -80,9 +78,7 @@ class LockHolder:
         conn = await connect(self._dsn, "dataloader-locks", self._timeout)
         try:
             session = await asyncio.wait_for(repositories.session_identity(conn), self._timeout)
-            if self._abandoned is not None:
-                await self._end_abandoned(conn, *self._abandoned)
-                self._abandoned = None
+            await self._abandoned.end(conn, self._timeout)
         except BaseException:
             conn.terminate()
             raise
@@ -92,17 +88,6 @@ class LockHolder:
         self._conn = conn
         self._lost.clear()
         self.ready.set()
-
-    async def _end_abandoned(self, conn: Connection, pid: int, started: datetime) -> None:
-        try:
-            ended = await asyncio.wait_for(
-                repositories.end_session(conn, pid, started), self._timeout
-            )
-        except asyncpg.PostgresError as exc:  # e.g. a role not allowed to end sessions
-            log.warning("could not end the abandoned lock session (pid %d): %s", pid, exc)
-            return
-        if ended:
-            log.warning("ended the abandoned lock session (pid %d) and its locks", pid)
 
     async def close(self) -> None:
         """Close the connection: the server releases whatever it still held."""
@@ -185,7 +170,8 @@ class LockHolder:
             except TimeoutError as exc:
                 # a half-open socket: nothing comes back, and nothing says it is gone; its
                 # session may live on, holding the locks, until the next connection ends it
-                self._abandoned = self._session
+                if self._session is not None:
+                    self._abandoned.add(*self._session)
                 self._lose(f"lock connection did not answer within {self._timeout}s")
                 raise LockConnectionLost("lock connection timed out") from exc
             except CONNECTION_ERRORS as exc:
