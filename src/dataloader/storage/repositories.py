@@ -107,7 +107,8 @@ class JobRepository:
     pool's command timeout). A statement that timed out or was cancelled (a pipeline being
     stopped) closes its connection at once: asyncpg would otherwise wait for the server to
     confirm the cancel before handing the connection back, which a half-open socket never
-    does, and a stopped pipeline must stop now, not after that wait.
+    does, and a stopped pipeline must stop now, not after that wait. Its server session, which
+    outlives a half-open socket, is ended from the next connection (see `AbandonedSessions`).
     """
 
     def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
@@ -119,8 +120,7 @@ class JobRepository:
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
-        """A pool connection, closed instead of reused if a statement was cut short (and its
-        server session ended from the next connection, if it timed out)."""
+        """A pool connection, closed instead of reused if a statement was cut short."""
         conn = await self._pool.acquire(timeout=self._timeout)
         try:
             await self._know_session(conn)
