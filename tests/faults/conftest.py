@@ -60,7 +60,8 @@ class Scenario:
         self.dsn = dsn
         self.conn = conn
         self.killed_at: dict[int, dt.datetime] = {}
-        self.faulted: set[int] = set()
+        #: (pid, when) of every fault that hit a process.
+        self.faults: list[tuple[int, dt.datetime]] = []
         self.last_fault = time.monotonic()
         self.jobs_added = 0
 
@@ -114,7 +115,7 @@ class Scenario:
 
     def hit(self, replica: ServiceProcess) -> None:
         """Note that a fault hit this replica (its claims may end without a run)."""
-        self.faulted.add(replica.pid)
+        self.faults.append((replica.pid, dt.datetime.now(dt.UTC)))
         self.fault_now()
 
     def fault_now(self) -> None:
@@ -140,7 +141,7 @@ class Scenario:
             rounds=rounds,
             recovered_in_s=recovered_in_s,
             killed_at=self.killed_at,
-            faulted_pids=self.faulted,
+            faults=self.faults,
             final=final,
         )
         append_report(report)

@@ -9,8 +9,8 @@ What the checker asserts (see `Report.violations`):
   kill was sent: the process does nothing after it, and its locks are only freed later);
 * no advisory lock is held in the database once every job is finished;
 * attempts only grow on real executions: each attempt number of a job either has a run in the
-  ledger or was picked by a process the scenario hit with a fault (killed before it could
-  start the run, or cut off from the database).
+  ledger or was picked by a process the scenario hit with a fault around that time (killed
+  before it could start the run, or cut off from the database).
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ CREATE TABLE fault_fenced_out (
 
 
 SUCCEEDED = frozenset({"succeeded"})
+#: A pick without a run is explained by a fault that hit its process at most this long after
+#: it (the run could not start) or before it (the claim's answer was lost on the way back,
+#: while the process was cut off and had not noticed yet).
+PICKED_BEFORE_FAULT = dt.timedelta(seconds=10)
+PICKED_AFTER_FAULT = dt.timedelta(seconds=30)
 
 
 @dataclass
@@ -107,12 +112,12 @@ async def check(
     rounds: int,
     recovered_in_s: float,
     killed_at: dict[int, dt.datetime],
-    faulted_pids: set[int],
+    faults: list[tuple[int, dt.datetime]],
     final: frozenset[str] = SUCCEEDED,
 ) -> Report:
     """Build the report of a settled scenario. `killed_at`: pid → when it was killed;
-    `faulted_pids`: every pid a fault hit (killed, stopped, cut off); `final`: the states jobs
-    may end in."""
+    `faults`: (pid, when) of every fault that hit a process (killed, stopped, cut off);
+    `final`: the states jobs may end in."""
     counts = {
         r["status"]: r["n"]
         for r in await conn.fetch(
@@ -141,7 +146,7 @@ async def check(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     )
-    report.unexplained_attempts = await _unexplained_attempts(conn, faulted_pids)
+    report.unexplained_attempts = await _unexplained_attempts(conn, faults)
     return report
 
 
@@ -168,25 +173,38 @@ async def _overlaps(conn: asyncpg.Connection, killed_at: dict[int, dt.datetime])
     return found
 
 
-async def _unexplained_attempts(conn: asyncpg.Connection, faulted_pids: set[int]) -> list[str]:
-    """Attempt numbers a job reached without a run in the ledger, picked by a process no
-    fault hit."""
+async def _unexplained_attempts(
+    conn: asyncpg.Connection, faults: list[tuple[int, dt.datetime]]
+) -> list[str]:
+    """Attempt numbers a job reached without a run in the ledger, unless a fault hit the
+    process that picked them around the time it did."""
     rows = await conn.fetch(
         """
-        SELECT j.job_id, n AS attempt,
-               (SELECT e.payload->>'worker' FROM dl_job_events e
-                WHERE e.job_id = j.job_id AND e.kind = 'picked'
-                  AND (e.payload->>'attempt')::int = n
-                ORDER BY e.event_id DESC LIMIT 1) AS worker
-        FROM dl_jobs j, generate_series(1, j.attempt) AS n
+        SELECT j.job_id, n AS attempt, p.worker, p.picked_at
+        FROM dl_jobs j CROSS JOIN generate_series(1, j.attempt) AS n
+        LEFT JOIN LATERAL (
+            SELECT e.payload->>'worker' AS worker, e.ts AS picked_at FROM dl_job_events e
+            WHERE e.job_id = j.job_id AND e.kind = 'picked' AND (e.payload->>'attempt')::int = n
+            ORDER BY e.event_id DESC LIMIT 1) p ON true
         WHERE NOT EXISTS (SELECT 1 FROM fault_runs r WHERE r.job_id = j.job_id AND r.attempt = n)
         """
     )
     return [
         f"{r['job_id']}#{r['attempt']} picked by {r['worker']}"
         for r in rows
-        if _pid_of(r["worker"]) not in faulted_pids
+        if not _near_a_fault(_pid_of(r["worker"]), r["picked_at"], faults)
     ]
+
+
+def _near_a_fault(
+    pid: int | None, picked_at: dt.datetime | None, faults: list[tuple[int, dt.datetime]]
+) -> bool:
+    """Whether a fault hit `pid` shortly after it picked the job (before it could start the
+    run) or shortly before (a claim answered while it was cut off, lost on the way back)."""
+    return picked_at is not None and any(
+        hit_pid == pid and -PICKED_BEFORE_FAULT <= picked_at - hit_at <= PICKED_AFTER_FAULT
+        for hit_pid, hit_at in faults
+    )
 
 
 def _pid_of(worker_id: str | None) -> int | None:

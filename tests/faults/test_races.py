@@ -4,6 +4,7 @@ completions."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import random
 
 import asyncpg
@@ -43,7 +44,7 @@ async def test_reapers_of_three_replicas_requeue_each_expired_job_once(
     orphans = 2000
     await scenario.conn.execute(ORPHANS, QUEUE, TASK, orphans, GHOST_WORKER, 3.0)
     scenario.jobs_added += orphans
-    scenario.faulted.add(GHOST_PID)
+    scenario.faults.append((GHOST_PID, dt.datetime.now(dt.UTC)))  # it "died" just now
     report = await scenario.check(1, await scenario.settle(timeout=120))
     requeues = await scenario.conn.fetch(
         "SELECT job_id, count(*) AS n, array_agg(payload->>'reaper') AS reapers"
