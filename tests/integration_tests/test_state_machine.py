@@ -2,20 +2,17 @@
 
 Random sequences of everything that can happen to jobs — triggers, claims, completions,
 failures, cancels, releases, backoffs, heartbeats, progress, leases expiring and being reaped —
-including writes by *stale* claims (an attempt that has since been reaped, failed, released or
-finished, as a zombie worker would send). A claim handed back with its attempt refunded (a
-backoff before the job started; a release at shutdown, after its pipeline stopped) is retired
-from the model: its worker never writes for it again, and the refunded attempt number goes to
-the next claim, whose writes a late one of the retired claim could not be told from
-(docs/protocol.md, "Fencing and refunds"). After every step the whole queue is read back and
-compared with the step before:
+including writes by *stale* claims (a claim that has since been reaped, failed, released,
+backed off or finished, as a zombie worker would send; a claim handed back with its attempt
+refunded leaves the next claim the same attempt number, but never the same `claim_seq`).
+After every step the whole queue is read back and compared with the step before:
 
 * every status change is a legal transition of the protocol (docs/protocol.md, States);
 * a job in a final state never changes again, in any column;
-* a write fenced on a stale attempt changes nothing;
+* a write fenced on a stale claim changes nothing;
 * rows are consistent: a running job has a lease, a queued or final one has none, a final one
   has `finished_at`, attempts stay within 0..max_attempts, at most one job per lock_key runs;
-* each operation on the current attempt has the outcome the protocol promises.
+* each operation on the live claim has the outcome the protocol promises.
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ LEGAL = frozenset(
     }
 )
 SNAPSHOT = """
-SELECT job_id, status::text AS status, attempt, max_attempts, cancel_requested, lock_key,
-       lease_expires_at, finished_at, error, progress::text AS progress
+SELECT job_id, status::text AS status, attempt, claim_seq, max_attempts, cancel_requested,
+       lock_key, lease_expires_at, finished_at, error, progress::text AS progress
 FROM dl_jobs WHERE queue = $1
 """
 
@@ -60,6 +57,7 @@ FROM dl_jobs WHERE queue = $1
 class Row:
     status: str
     attempt: int
+    claim_seq: int
     max_attempts: int
     cancel_requested: bool
     lock_key: str
@@ -96,9 +94,9 @@ class JobStateMachine(RuleBasedStateMachine):
     # --- the model's view of a claim ---------------------------------------------------------
 
     def current(self, claim: ClaimedJob) -> bool:
-        """Whether `claim` is the job's live attempt (so its fenced writes apply)."""
+        """Whether `claim` is the job's live claim (so its fenced writes apply)."""
         row = self.rows[claim.job_id]
-        return row.status == "running" and row.attempt == claim.attempt
+        return row.status == "running" and row.claim_seq == claim.claim_seq
 
     def pick_claim(self, index: int) -> ClaimedJob:
         return self.claims[index % len(self.claims)]
@@ -131,6 +129,7 @@ class JobStateMachine(RuleBasedStateMachine):
             before = self.rows[job.job_id]
             assert before.status == "queued", f"claimed a {before.status} job"
             assert job.attempt == before.attempt + 1
+            assert job.claim_seq == before.claim_seq + 1
         assert len({job.lock_key for job in claimed}) == len(claimed)
         self.claims.extend(claimed)
 
@@ -139,7 +138,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def complete(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"succeeded"})
-        done = self.run(self.repo.complete_many([(claim.job_id, claim.attempt)], WORKER))
+        done = self.run(self.repo.complete_many([(claim.job_id, claim.claim_seq)], WORKER))
         assert (claim.job_id in done) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -157,7 +156,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.run(
             self.repo.fail(
                 claim.job_id,
-                claim.attempt,
+                claim.claim_seq,
                 "boom",
                 retryable=retryable,
                 retry_base_sec=0,
@@ -177,14 +176,11 @@ class JobStateMachine(RuleBasedStateMachine):
         else:
             outcome = "lost"
         self.expect_outcome(claim, {outcome})
-        live = self.current(claim)
         self.run(
             self.repo.release(
-                claim.job_id, claim.attempt, refund=refund, worker_id=WORKER, reason="test"
+                claim.job_id, claim.claim_seq, refund=refund, worker_id=WORKER, reason="test"
             )
         )
-        if live and refund:
-            self.claims.remove(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000))
@@ -192,17 +188,14 @@ class JobStateMachine(RuleBasedStateMachine):
         claim = self.pick_claim(index)
         outcome = "canceled" if self.rows[claim.job_id].cancel_requested else "queued"
         self.expect_outcome(claim, {outcome})
-        live = self.current(claim)
-        assert self.run(self.repo.backoff(claim, 0, WORKER)) == live
-        if live:
-            self.claims.remove(claim)
+        assert self.run(self.repo.backoff(claim, 0, WORKER)) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000))
     def stop_on_cancel(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"canceled"})
-        done = self.run(self.repo.mark_canceled(claim.job_id, claim.attempt, WORKER))
+        done = self.run(self.repo.mark_canceled(claim.job_id, claim.claim_seq, WORKER))
         assert done == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -210,7 +203,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def heartbeat(self, index: int, journal: bool) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.attempt, journal)], WORKER))
+        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.claim_seq, journal)], WORKER))
         assert (claim.job_id in ours) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -218,7 +211,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def progress(self, index: int, step: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        answer = self.run(self.repo.set_progress(claim.job_id, claim.attempt, {"step": step}))
+        answer = self.run(self.repo.set_progress(claim.job_id, claim.claim_seq, {"step": step}))
         assert (answer is not None) == self.current(claim)
 
     @precondition(lambda self: self.jobs)
@@ -325,9 +318,40 @@ async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
         await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
         assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
         (second,) = await repo.claim("q", 1, WORKER)
-        assert await repo.complete_many([(first.job_id, first.attempt)], WORKER) == set()
+        assert await repo.complete_many([(first.job_id, first.claim_seq)], WORKER) == set()
         state = await repo.get(job.job_id)
         assert state is not None
         assert (state.status, state.attempt) == ("running", second.attempt)
+    finally:
+        await pool.close()
+
+
+async def test_a_claim_handed_back_with_a_refund_cannot_touch_the_next_claim(
+    conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """A refund gives the next claim the same attempt number; the claim sequence still tells
+    them apart, so the first claim's late writes change nothing."""
+    pool = await create_pool(db_dsn, 2, "state-machine")
+    try:
+        repo = JobRepository(pool)
+        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+        (first,) = await repo.claim("q", 1, WORKER)
+        assert await repo.backoff(first, 0, WORKER)  # handed back, attempt refunded
+        (second,) = await repo.claim("q", 1, WORKER)
+        assert second.attempt == first.attempt  # the same attempt number...
+        assert second.claim_seq == first.claim_seq + 1  # ...but not the same claim
+        assert await repo.set_progress(job.job_id, first.claim_seq, {"late": True}) is None
+        assert await repo.heartbeat([(job.job_id, first.claim_seq, False)], WORKER) == {}
+        assert await repo.complete_many([(job.job_id, first.claim_seq)], WORKER) == set()
+        assert not await repo.mark_canceled(job.job_id, first.claim_seq, WORKER)
+        assert (
+            await repo.release(
+                job.job_id, first.claim_seq, refund=True, worker_id=WORKER, reason="late"
+            )
+            is None
+        )
+        state = await repo.get(job.job_id)
+        assert state is not None
+        assert (state.status, state.attempt, state.progress) == ("running", 1, {})
     finally:
         await pool.close()

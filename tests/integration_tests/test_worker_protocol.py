@@ -179,10 +179,10 @@ async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
     service = await start_service()
     job_id = await service.trigger(task="t.forever")
     await wait_until(pipeline_running(service.manager, job_id), what="the pipeline to start")
-    # Meanwhile the lease was reaped and another worker claimed attempt 2.
+    # Meanwhile the lease was reaped and another worker claimed attempt 2 (a new claim).
     await conn.execute(
-        "UPDATE dl_jobs SET attempt = attempt + 1, lease_expires_at = now() + interval '1 hour'"
-        " WHERE job_id = $1",
+        "UPDATE dl_jobs SET attempt = attempt + 1, claim_seq = claim_seq + 1,"
+        " lease_expires_at = now() + interval '1 hour' WHERE job_id = $1",
         job_id,
     )
     await asyncio.wait_for(stopped.wait(), timeout=10)  # the heartbeat noticed and stopped it

@@ -2,8 +2,9 @@
 
 Rules kept by all statements below:
 * times come from the database clock (`now()`), never from the worker;
-* every write after a claim is fenced on `status = 'running'` and the claimed `attempt`, so a
-  worker whose lease was reaped can never overwrite the job's new owner;
+* every write after a claim is fenced on `status = 'running'` and the claim's `claim_seq`
+  (which every claim increments, migration 0005), so a worker whose lease was reaped, or whose
+  claim was handed back, can never overwrite the job's new owner;
 * a statement that finds its rows by primary key tests the status as `status::text`, and the
   lock_key probe as `(status = 'running') IS TRUE`: the spec's `ix_dl_jobs_status_queue` cannot
   serve either form, so stale statistics cannot make the planner read every running job
@@ -167,13 +168,14 @@ WITH candidates AS (
     SET status = 'running',
         started_at = COALESCE(j.started_at, now()),
         attempt = j.attempt + 1,
+        claim_seq = j.claim_seq + 1,
         lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec),
         heartbeat_at = now()
     FROM picked
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
-              j.lease_ttl_sec, j.cancel_requested
+              j.lease_ttl_sec, j.cancel_requested, j.claim_seq
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', $3::text)
@@ -201,26 +203,27 @@ WITH upd AS (
         finished_at = CASE WHEN cancel_requested THEN now() END,
         started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
         heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
-    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
-    RETURNING job_id, queue, status
+    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
+    RETURNING job_id, queue, status, attempt + 1 AS claimed_attempt
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
 SELECT job_id, queue, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'backoff' END,
-       jsonb_build_object('attempt', $2::int, 'worker', $4::text, 'delay_sec', $3::float8)
+       jsonb_build_object('attempt', claimed_attempt, 'worker', $4::text,
+                          'delay_sec', $3::float8)
 FROM upd
 RETURNING job_id
 """
 
 # --- workers: while running --------------------------------------------------------------------
 
-#: Extend the leases of many running jobs at once ($1 ids, $2 attempts); journal a `heartbeat`
+#: Extend the leases of many running jobs at once ($1 ids, $2 claim_seq); journal a `heartbeat`
 #: for those flagged in $3 (throttled by the caller). Returns the jobs still ours and whether
 #: their cancel was requested; a missing job is no longer ours.
 HEARTBEAT_JOBS: Final = """
 WITH mine AS (
     SELECT j.job_id, t.journal FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::int[], $3::bool[]) AS t(job_id, attempt, journal)
-      ON j.job_id = t.job_id AND j.attempt = t.attempt
+    JOIN unnest($1::uuid[], $2::bigint[], $3::bool[]) AS t(job_id, claim_seq, journal)
+      ON j.job_id = t.job_id AND j.claim_seq = t.claim_seq
     WHERE j.status::text = 'running'
     ORDER BY j.job_id
     FOR UPDATE OF j
@@ -241,20 +244,20 @@ SELECT job_id, cancel_requested FROM beat
 #: Store a running job's progress. Returns cancel_requested, or no row if the job is not ours.
 SET_PROGRESS: Final = """
 UPDATE dl_jobs SET progress = $3::jsonb
-WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
+WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
 RETURNING cancel_requested
 """
 
 # --- workers: finish ---------------------------------------------------------------------------
 
-#: Success (spec §6.3) of many jobs at once ($1 ids, $2 attempts), fenced per job; clears the
-#: error text a failed earlier attempt left behind. Rows are locked in
-#: job_id order, as in HEARTBEAT_JOBS, so that concurrent batches cannot deadlock.
+#: Success (spec §6.3) of many jobs at once ($1 ids, $2 their claims' claim_seq), fenced per
+#: job; clears the error text a failed earlier attempt left behind. Rows are locked in job_id
+#: order, as in HEARTBEAT_JOBS, so that concurrent batches cannot deadlock.
 COMPLETE_JOBS: Final = """
 WITH mine AS (
     SELECT j.job_id FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::int[]) AS t(job_id, attempt)
-      ON j.job_id = t.job_id AND j.attempt = t.attempt
+    JOIN unnest($1::uuid[], $2::bigint[]) AS t(job_id, claim_seq)
+      ON j.job_id = t.job_id AND j.claim_seq = t.claim_seq
     WHERE j.status::text = 'running'
     ORDER BY j.job_id
     FOR UPDATE OF j
@@ -286,7 +289,7 @@ WITH upd AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
                            THEN NULL ELSE now() END
-    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
     RETURNING job_id, queue, status, attempt, available_at
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -304,7 +307,7 @@ CANCEL_RUNNING_JOB: Final = """
 WITH upd AS (
     UPDATE dl_jobs
     SET status = 'canceled', finished_at = now(), lease_expires_at = NULL
-    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
     RETURNING job_id, queue, attempt
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
@@ -329,7 +332,7 @@ WITH upd AS (
                            THEN now() END,
         error = CASE WHEN NOT cancel_requested AND NOT ($3 OR attempt < max_attempts)
                      THEN $5 ELSE error END
-    WHERE job_id = $1 AND status::text = 'running' AND attempt = $2
+    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
     RETURNING job_id, queue, status, attempt
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)

@@ -74,7 +74,8 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
-    """A job this worker now runs; `attempt` fences every later write."""
+    """A job this worker now runs; `claim_seq` fences every later write (unlike `attempt`, it
+    is never given to another claim, even when this one is handed back with a refund)."""
 
     job_id: uuid.UUID
     queue: str
@@ -88,6 +89,7 @@ class ClaimedJob:
     max_attempts: int
     lease_ttl_sec: int
     cancel_requested: bool
+    claim_seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +230,7 @@ class JobRepository:
                 max_attempts=r["max_attempts"],
                 lease_ttl_sec=r["lease_ttl_sec"],
                 cancel_requested=r["cancel_requested"],
+                claim_seq=r["claim_seq"],
             )
             for r in rows
         ]
@@ -240,44 +243,44 @@ class JobRepository:
     async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> bool:
         """Busy lock: requeue after `delay_sec`, refunding the attempt. False if not ours."""
         done = await self._fetchval(
-            queries.BACKOFF_JOB, job.job_id, job.attempt, delay_sec, worker_id
+            queries.BACKOFF_JOB, job.job_id, job.claim_seq, delay_sec, worker_id
         )
         return done is not None
 
     async def heartbeat(
         self, beats: Sequence[tuple[uuid.UUID, int, bool]], worker_id: str
     ) -> dict[uuid.UUID, bool]:
-        """Extend leases of (job_id, attempt, journal?) triples; {job_id: cancel_requested}
+        """Extend leases of (job_id, claim_seq, journal?) triples; {job_id: cancel_requested}
         for the jobs still ours."""
         if not beats:
             return {}
-        ids, attempts, journal = zip(*beats, strict=True)
+        ids, claims, journal = zip(*beats, strict=True)
         rows = await self._fetch(
-            queries.HEARTBEAT_JOBS, list(ids), list(attempts), list(journal), worker_id
+            queries.HEARTBEAT_JOBS, list(ids), list(claims), list(journal), worker_id
         )
         return {r["job_id"]: r["cancel_requested"] for r in rows}
 
     async def set_progress(
-        self, job_id: uuid.UUID, attempt: int, progress: dict[str, Any]
+        self, job_id: uuid.UUID, claim_seq: int, progress: dict[str, Any]
     ) -> bool | None:
         """Store progress; returns cancel_requested, or None when the job is not ours."""
-        value: bool | None = await self._fetchval(queries.SET_PROGRESS, job_id, attempt, progress)
+        value: bool | None = await self._fetchval(queries.SET_PROGRESS, job_id, claim_seq, progress)
         return value
 
     async def complete_many(
         self, jobs: Sequence[tuple[uuid.UUID, int]], worker_id: str
     ) -> set[uuid.UUID]:
-        """Mark (job_id, attempt) pairs succeeded; returns the ids that were still ours."""
+        """Mark (job_id, claim_seq) pairs succeeded; returns the ids that were still ours."""
         if not jobs:
             return set()
-        ids, attempts = zip(*jobs, strict=True)
-        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(attempts), worker_id)
+        ids, claims = zip(*jobs, strict=True)
+        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(claims), worker_id)
         return {row["job_id"] for row in rows}
 
     async def fail(
         self,
         job_id: uuid.UUID,
-        attempt: int,
+        claim_seq: int,
         error: str,
         *,
         retryable: bool,
@@ -286,21 +289,21 @@ class JobRepository:
     ) -> str | None:
         """Retry or fail; returns the journal kind written (requeue/failed/canceled) or None."""
         kind: str | None = await self._fetchval(
-            queries.FAIL_JOB, job_id, attempt, error, retryable, retry_base_sec, worker_id
+            queries.FAIL_JOB, job_id, claim_seq, error, retryable, retry_base_sec, worker_id
         )
         return kind
 
-    async def mark_canceled(self, job_id: uuid.UUID, attempt: int, worker_id: str) -> bool:
+    async def mark_canceled(self, job_id: uuid.UUID, claim_seq: int, worker_id: str) -> bool:
         """The pipeline honoured a cancel request."""
-        done = await self._fetchval(queries.CANCEL_RUNNING_JOB, job_id, attempt, worker_id)
+        done = await self._fetchval(queries.CANCEL_RUNNING_JOB, job_id, claim_seq, worker_id)
         return done is not None
 
     async def release(
-        self, job_id: uuid.UUID, attempt: int, *, refund: bool, worker_id: str, reason: str
+        self, job_id: uuid.UUID, claim_seq: int, *, refund: bool, worker_id: str, reason: str
     ) -> str | None:
         """Hand a running job back (see `queries.RELEASE_JOB`); returns the journal kind."""
         kind: str | None = await self._fetchval(
-            queries.RELEASE_JOB, job_id, attempt, refund, worker_id, reason
+            queries.RELEASE_JOB, job_id, claim_seq, refund, worker_id, reason
         )
         return kind
 

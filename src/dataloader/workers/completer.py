@@ -96,7 +96,7 @@ class Completer:
         await self._rt.locks.unlock(job.lock_hash for job in jobs)
         try:
             ours = await self._rt.repo.complete_many(
-                [(job.job_id, job.attempt) for job in jobs], self._rt.worker_id
+                [(job.job_id, job.claim_seq) for job in jobs], self._rt.worker_id
             )
         except Exception as exc:
             # The leases will expire and the reaper will requeue the jobs (at-least-once).
@@ -118,12 +118,12 @@ class Completer:
         job, repo, worker = running.job, self._rt.repo, self._rt.worker_id
         try:
             if outcome.result is Result.CANCELED:
-                written = await repo.mark_canceled(job.job_id, job.attempt, worker)
+                written = await repo.mark_canceled(job.job_id, job.claim_seq, worker)
                 log.info("job canceled" if written else "job stopped but was no longer ours")
             elif outcome.result is Result.FAILED:
                 kind = await repo.fail(
                     job.job_id,
-                    job.attempt,
+                    job.claim_seq,
                     outcome.error or "error",
                     retryable=outcome.retryable,
                     retry_base_sec=self._rt.settings.retry_base_sec,
@@ -133,7 +133,7 @@ class Completer:
             else:
                 kind = await repo.release(
                     job.job_id,
-                    job.attempt,
+                    job.claim_seq,
                     refund=outcome.refund,
                     worker_id=worker,
                     reason=outcome.error or "released",

@@ -99,7 +99,7 @@ class Heartbeat:
             journal = now - r.last_journaled >= JOURNAL_EVERY_SEC
             if journal:
                 r.last_journaled = now
-            beats.append((r.job.job_id, r.job.attempt, journal))
+            beats.append((r.job.job_id, r.job.claim_seq, journal))
         alive = await self._rt.repo.heartbeat(beats, self._rt.worker_id)
         for r in running:
             cancel = alive.get(r.job.job_id)

@@ -59,6 +59,13 @@ class JobContext(Generic[ArgsT]):
         return self.job.attempt
 
     @property
+    def claim_seq(self) -> int:
+        """This run's fencing token: the job row's `claim_seq` while the run owns the job. A
+        pipeline writing elsewhere can fence its own writes on it (`status = 'running' AND
+        claim_seq = …` under the job row's lock); unlike `attempt`, no later run shares it."""
+        return self.job.claim_seq
+
+    @property
     def cancel_requested(self) -> bool:
         return self._state.cancel_requested
 
@@ -72,7 +79,7 @@ class JobContext(Generic[ArgsT]):
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
         """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
         value = {**(progress or {}), **fields}
-        cancel = await self._repo.set_progress(self.job.job_id, self.job.attempt, value)
+        cancel = await self._repo.set_progress(self.job.job_id, self.job.claim_seq, value)
         if cancel is None:
             self._state.lost_reason = self._state.lost_reason or "job is no longer ours"
             raise JobLost(self._state.lost_reason)

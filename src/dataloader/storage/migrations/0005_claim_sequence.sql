@@ -1,0 +1,11 @@
+-- A fencing token that only ever grows: every claim of a job increments it, and every write a
+-- worker makes for its claim is conditioned on it (with status = 'running').
+--
+-- `attempt` cannot serve alone: a claim handed back with its attempt refunded (a busy
+-- lock_key's backoff, a release at shutdown) gives the same attempt number to the next claim,
+-- whose writes a late write of the refunded claim would then pass for. A new column with a
+-- constant default is added without rewriting the table; jobs already running keep 0 until
+-- their next claim. Processes of an earlier version, during a rolling upgrade, still fence on
+-- `attempt` and do not advance this column: until they are gone, a job they reclaim is
+-- guarded from a newer zombie only by its attempt number.
+ALTER TABLE dl_jobs ADD COLUMN IF NOT EXISTS claim_seq bigint NOT NULL DEFAULT 0;
