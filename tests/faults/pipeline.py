@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import os
 import uuid
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import asyncpg
 from pydantic import BaseModel, Field
@@ -91,26 +92,20 @@ async def work(ctx: JobContext[WorkArgs]) -> None:
         outcome = type(exc).__name__
         raise
     finally:
-        await record_end_surely(pool, started, run_id, now(), outcome)
+        # the run stops, whatever stops it, only once its end is in the ledger
+        await through_cancels(record_end(pool, started, run_id, now(), outcome))
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-async def record_end_surely(
-    pool: asyncpg.Pool,
-    started: asyncio.Future[str],
-    run_id: uuid.UUID,
-    ended_at: datetime,
-    outcome: str,
-) -> None:
-    """`record_end`, awaited to its end even through more cancels (the run stops, whatever
-    stops it, only once its end is in the ledger)."""
-    end = asyncio.ensure_future(record_end(pool, started, run_id, ended_at, outcome))
-    while not end.done():
+async def through_cancels(work: Coroutine[Any, Any, None]) -> None:
+    """Await `work` to its end, however many cancels arrive meanwhile."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(end)
+            await asyncio.shield(task)
 
 
 async def record_end(

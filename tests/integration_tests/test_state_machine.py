@@ -67,6 +67,17 @@ class Row:
     progress: str
 
 
+def ended(row: Row, may_retry: bool, otherwise: str) -> str:
+    """Where a running job goes when its claim ends without success: `canceled` if a cancel
+    was requested, back to `queued` if it may run again and attempts remain, else
+    `otherwise`."""
+    if row.cancel_requested:
+        return "canceled"
+    if may_retry and row.attempt < row.max_attempts:
+        return "queued"
+    return otherwise
+
+
 class JobStateMachine(RuleBasedStateMachine):
     """One example: a fresh queue in the test's database, a pool, and every claim ever made."""
 
@@ -145,13 +156,7 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 10_000), retryable=st.booleans())
     def fail(self, index: int, retryable: bool) -> None:
         claim = self.pick_claim(index)
-        row = self.rows[claim.job_id]
-        if row.cancel_requested:
-            outcome = "canceled"
-        elif retryable and row.attempt < row.max_attempts:
-            outcome = "queued"
-        else:
-            outcome = "failed"
+        outcome = ended(self.rows[claim.job_id], retryable, otherwise="failed")
         self.expect_outcome(claim, {outcome})
         self.run(
             self.repo.fail(
@@ -169,12 +174,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def release(self, index: int, refund: bool) -> None:
         claim = self.pick_claim(index)
         row = self.rows[claim.job_id]
-        if row.cancel_requested:
-            outcome = "canceled"
-        elif refund or row.attempt < row.max_attempts:
-            outcome = "queued"
-        else:
-            outcome = "lost"
+        outcome = ended(row, refund or row.attempt < row.max_attempts, otherwise="lost")
         self.expect_outcome(claim, {outcome})
         self.run(
             self.repo.release(
@@ -239,12 +239,7 @@ class JobStateMachine(RuleBasedStateMachine):
         )
         reaped = dict(self.run(self.repo.reap_expired(500, "state-machine-reaper")))
         if row.status == "running":
-            if row.cancel_requested:
-                outcome = "canceled"
-            elif row.attempt < row.max_attempts:
-                outcome = "queued"
-            else:
-                outcome = "lost"
+            outcome = ended(row, True, otherwise="lost")
             assert reaped.get(claim.job_id) == outcome
             self.expect = (claim.job_id, frozenset({outcome}))
         else:
