@@ -67,15 +67,12 @@ class Row:
     progress: str
 
 
-def ended(row: Row, may_retry: bool, otherwise: str) -> str:
+def ended(row: Row, requeued: bool, otherwise: str) -> str:
     """Where a running job goes when its claim ends without success: `canceled` if a cancel
-    was requested, back to `queued` if it may run again and attempts remain, else
-    `otherwise`."""
+    was requested, else back to `queued` if `requeued`, else `otherwise`."""
     if row.cancel_requested:
         return "canceled"
-    if may_retry and row.attempt < row.max_attempts:
-        return "queued"
-    return otherwise
+    return "queued" if requeued else otherwise
 
 
 class JobStateMachine(RuleBasedStateMachine):
@@ -156,7 +153,8 @@ class JobStateMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 10_000), retryable=st.booleans())
     def fail(self, index: int, retryable: bool) -> None:
         claim = self.pick_claim(index)
-        outcome = ended(self.rows[claim.job_id], retryable, otherwise="failed")
+        row = self.rows[claim.job_id]
+        outcome = ended(row, retryable and row.attempt < row.max_attempts, otherwise="failed")
         self.expect_outcome(claim, {outcome})
         self.run(
             self.repo.fail(
@@ -239,7 +237,7 @@ class JobStateMachine(RuleBasedStateMachine):
         )
         reaped = dict(self.run(self.repo.reap_expired(500, "state-machine-reaper")))
         if row.status == "running":
-            outcome = ended(row, True, otherwise="lost")
+            outcome = ended(row, row.attempt < row.max_attempts, otherwise="lost")
             assert reaped.get(claim.job_id) == outcome
             self.expect = (claim.job_id, frozenset({outcome}))
         else:
@@ -291,7 +289,7 @@ def test_the_job_state_machine_only_makes_legal_transitions(
 ) -> None:
     run = state_machine.TestCase
     run.settings = settings(
-        max_examples=60,
+        max_examples=100,
         stateful_step_count=40,
         deadline=None,
         database=None,  # no example database in the working tree
