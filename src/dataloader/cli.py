@@ -71,20 +71,24 @@ def _stopped_by_signal(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, where a second SIGTERM or SIGINT stops at once: running jobs are
-    handed back without waiting out DL_SHUTDOWN_TIMEOUT_SEC. (uvicorn alone forces its exit
-    only on a second SIGINT, and never shortens the application's own shutdown.)"""
+    """uvicorn's server, where a second SIGTERM or SIGINT only cuts the grace period of running
+    jobs short: they are handed back at once instead of after DL_SHUTDOWN_TIMEOUT_SEC.
+
+    uvicorn itself answers a second SIGINT with `force_exit`, which skips the application's
+    shutdown altogether: the workers would be torn down by the event loop's end, leaving their
+    jobs `running` with a live lease. So later signals never reach uvicorn's handler; the
+    shutdown always runs (requests in flight still get uvicorn's bounded drain first)."""
 
     def __init__(self, config: uvicorn.Config, hurry: Callable[[], None]) -> None:
         super().__init__(config)
         self._hurry = hurry
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.should_exit:
-            log.warning("second stop signal: handing running jobs back now")
-            self.force_exit = True
-            self._hurry()
-        super().handle_exit(sig, frame)
+        if not self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        log.warning("second stop signal: handing running jobs back now")
+        self._hurry()
 
 
 def _tune_gc() -> None:

@@ -221,6 +221,54 @@ async def test_stop_signal_lets_a_short_job_finish_and_exits_0(
     assert kinds[-1] == "done"
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_second_stop_signal_cuts_the_grace_short_and_still_hands_the_job_back(
+    launcher: Launcher, db_dsn: str, conn: asyncpg.Connection, signum: int
+) -> None:
+    service = launcher.start(db_dsn, DL_SHUTDOWN_TIMEOUT_SEC="120")
+    await service.wait_healthy()
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 600, "chunks": 600})
+    await service.wait_status(job_id, "running")
+
+    async def lock_held() -> bool:
+        return await conn.fetchval(ADVISORY_LOCKS) == 1
+
+    await wait_until(lock_held, timeout=10, what="the job's advisory lock")
+    # A request whose body never comes keeps the HTTP server draining its connections after the
+    # first signal: the second one lands before the application's own shutdown has begun.
+    answers, upload = await asyncio.open_connection("127.0.0.1", service.port)
+    upload.write(
+        b"POST /api/v1/jobs/trigger HTTP/1.1\r\nHost: dataloader\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    try:
+        # the application asked for the body: the request is in flight
+        assert await answers.readline() == b"HTTP/1.1 100 Continue\r\n"
+
+        async def draining() -> bool:
+            return "Waiting for connections to close" in service.logs()
+
+        service.send(signum)
+        await wait_until(draining, what="the HTTP server to drain its connections")
+        started = time.monotonic()
+        service.send(signum)
+        assert await service.wait(within=30) == 0, service.logs()
+        assert time.monotonic() - started < 30  # not the 120 s grace period
+    finally:
+        upload.close()
+    logs = service.logs()
+    assert "second stop signal" in logs
+    assert "Aborted" not in logs
+
+    row = await job_row(conn, job_id)
+    assert row["status"] == "queued", logs
+    assert row["attempt"] == 0  # refunded: the shutdown cut the run short, not the job
+    assert row["lease_expires_at"] is None
+    assert await conn.fetchval(ADVISORY_LOCKS) == 0
+    kind, payload = (await events_of(conn, job_id))[-1]
+    assert (kind, payload["reason"]) == ("requeue", "worker shutting down")
+
+
 # --- configuration -------------------------------------------------------------------------------
 
 
