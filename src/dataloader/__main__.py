@@ -1,6 +1,6 @@
-"""`python -m dataloader` starts the service (HTTP API + workers + reaper)."""
+"""`python -m dataloader`: the `dataloader` command; without a command it starts the service."""
 
-from dataloader.cli import serve_main
+from dataloader.cli import main
 
 if __name__ == "__main__":
-    serve_main()
+    main()

@@ -1,4 +1,5 @@
-"""The `dataloader` command: `serve` (also `python -m dataloader`) and `migrate`.
+"""The `dataloader` command (also `python -m dataloader`): `serve` (the default when no command
+is given) and `migrate`.
 
 Start-up problems (bad settings, unreachable database, unknown pipeline module) end the process
 with one line on stderr and a non-zero exit code, never a traceback.
@@ -11,8 +12,8 @@ import gc
 import importlib
 import logging
 import signal
-import sys
 from collections.abc import Callable
+from importlib.metadata import version
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-app = typer.Typer(add_completion=False, help="PostgreSQL job queue and job runner.")
+app = typer.Typer(add_completion=False)
 
 #: Always registered: used by the README and the tests.
 BUILTIN_PIPELINES = ("dataloader.workers.pipelines.demo",)
@@ -61,6 +62,28 @@ def import_pipelines(modules: list[str]) -> None:
             raise ConfigError(
                 f"DL_PIPELINE_MODULES: cannot import {module!r}: {type(exc).__name__}: {exc}"
             ) from None
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"dataloader {version('dataloader')}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _program(
+    ctx: typer.Context,
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and exit.",
+        callback=_print_version,
+        is_eager=True,
+    ),
+) -> None:
+    """PostgreSQL job queue and job runner. Without a command: serve."""
+    if ctx.invoked_subcommand is None:
+        serve()
 
 
 def _stopped_by_signal(signum: int, frame: FrameType | None) -> NoReturn:
@@ -170,11 +193,6 @@ async def _migrate(settings: Settings) -> MigrationReport:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
-
-
-def serve_main() -> None:
-    """`python -m dataloader`: same as `dataloader serve`."""
-    sys.argv = [sys.argv[0], "serve", *sys.argv[1:]]
+    """Entry point of the `dataloader` script and of `python -m dataloader` (click names the
+    program in usage lines after the way it was started)."""
     app()

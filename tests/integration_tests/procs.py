@@ -78,9 +78,16 @@ def run_cli(
 
 
 class ServiceProcess(JobsApi):
-    """One `python -m dataloader` child process and an HTTP client for it."""
+    """One `python -m dataloader` child process (or `argv`) and an HTTP client for it."""
 
-    def __init__(self, name: str, dsn: str, workdir: Path, env: Mapping[str, str | None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        workdir: Path,
+        env: Mapping[str, str | None],
+        argv: Sequence[str] = ("-m", "dataloader"),
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -91,7 +98,7 @@ class ServiceProcess(JobsApi):
         )
         self._log: IO[bytes] = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dataloader"],
+            [sys.executable, *argv] if argv[0] == "-m" else list(argv),
             env=self.env,
             cwd=workdir,
             stdin=subprocess.DEVNULL,
@@ -173,9 +180,17 @@ class Launcher:
         self.workdir = workdir
         self.started: list[ServiceProcess] = []
 
-    def start(self, dsn: str, name: str | None = None, **env: str | None) -> ServiceProcess:
-        """Start `python -m dataloader` on `dsn`; keyword arguments are extra variables."""
-        service = ServiceProcess(name or f"service{len(self.started) + 1}", dsn, self.workdir, env)
+    def start(
+        self,
+        dsn: str,
+        name: str | None = None,
+        argv: Sequence[str] = ("-m", "dataloader"),
+        **env: str | None,
+    ) -> ServiceProcess:
+        """Start `python -m dataloader` (or `argv`: arguments of the test's interpreter when it
+        begins with `-m`, else a whole command) on `dsn`; keyword arguments are extra variables."""
+        name = name or f"service{len(self.started) + 1}"
+        service = ServiceProcess(name, dsn, self.workdir, env, argv)
         self.started.append(service)
         return service
 
