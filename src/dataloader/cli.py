@@ -12,6 +12,7 @@ import gc
 import importlib
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from importlib.metadata import version
 from types import FrameType
@@ -124,6 +125,22 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket, taken before anything else starts: a port in use must stop
+    the start before the database is touched or a worker claims a job (uvicorn would bind only
+    after the application's start-up, workers included)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        _fail(f"cannot listen on {_address(host, port)} (DL_HTTP_HOST, DL_HTTP_PORT): {reason}", 1)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def _prepare_database(settings: Settings) -> Settings:
     """Resolve the DSN (start the embedded server if unset) and migrate when configured."""
     dsn = await resolve_dsn(settings)
@@ -145,6 +162,7 @@ def serve() -> None:
 
     settings = _settings()
     configure_logging(settings.log_level)
+    listening = _listen(settings.http_host, settings.http_port)
     try:
         import_pipelines(settings.pipeline_modules)
         settings = asyncio.run(_prepare_database(settings))
@@ -168,7 +186,9 @@ def serve() -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stopped_by_signal)
     _tune_gc()
-    server.run()
+    # uvicorn announces its address only when it binds the socket itself
+    log.info("API on http://%s", _address(settings.http_host, settings.http_port))
+    server.run(sockets=[listening])
     if not server.started:
         _fail("the service failed to start (see the log above)", 1)
 

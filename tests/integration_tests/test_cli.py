@@ -4,11 +4,13 @@ one program; the start-up fails early and in one line for every mistake a user c
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import AsyncIterator
 from importlib.metadata import version
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from .procs import DATALOADER_SCRIPT, Launcher, launched, run_cli
@@ -64,3 +66,35 @@ async def test_python_m_migrate_is_the_migrate_command(empty_db_dsn: str, tmp_pa
     )
     assert result.returncode == 0, result.stdout
     assert "schema at version" in result.stdout
+
+
+def one_line(output: str) -> str:
+    """The only non-blank line of `output` (fails naming them all otherwise)."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got:\n{output}"
+    return lines[0]
+
+
+async def test_a_taken_http_port_stops_the_start_before_any_worker(
+    db_dsn: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    job_id = await conn.fetchval(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key) VALUES"
+        " (gen_random_uuid(), 'default', 'demo.noop', 'k') RETURNING job_id"
+    )
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = await asyncio.to_thread(
+            run_cli,
+            [*PROGRAMS["python -m dataloader"]],
+            {"DL_DB_DSN": db_dsn, "DL_HTTP_PORT": str(port)},
+            tmp_path,
+        )
+    assert result.returncode == 1, result.stdout
+    line = one_line(result.stdout)
+    assert "DL_HTTP_PORT" in line
+    assert f"127.0.0.1:{port}" in line
+    assert "in use" in line
+    row = await conn.fetchrow("SELECT status, attempt FROM dl_jobs WHERE job_id = $1", job_id)
+    assert (row["status"], row["attempt"]) == ("queued", 0)  # no worker ever ran
+    assert await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'picked'") == 0
