@@ -22,7 +22,7 @@ import typer
 import uvicorn
 
 from dataloader.config import Settings, load_settings
-from dataloader.context import resolve_dsn, run_migrations
+from dataloader.context import check_database, resolve_dsn, run_migrations
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_text
@@ -146,6 +146,8 @@ async def _prepare_database(settings: Settings) -> Settings:
     dsn = await resolve_dsn(settings)
     if settings.auto_migrate:
         await run_migrations(dsn)
+    else:
+        await check_database(dsn)  # fail here in one line, not in the application's start-up
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 

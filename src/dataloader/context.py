@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dataloader.config import Settings
-from dataloader.exceptions import DatabaseUnavailable
+from dataloader.exceptions import DatabaseUnavailable, DataloaderError
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db
 from dataloader.storage.embedded import start_embedded
@@ -21,6 +24,10 @@ from dataloader.storage.repositories import JobRepository
 log = logging.getLogger(__name__)
 
 
+#: The oldest PostgreSQL dataloader runs on (`gen_random_uuid()` is built in from 13 on).
+MIN_SERVER_VERSION = 13
+
+
 async def resolve_dsn(settings: Settings) -> str:
     """`DL_DB_DSN`, or the embedded server's DSN (started on demand)."""
     if settings.asyncpg_dsn is not None:
@@ -28,14 +35,52 @@ async def resolve_dsn(settings: Settings) -> str:
     return await asyncio.to_thread(start_embedded, settings.data_dir)
 
 
+@contextmanager
+def _explained(dsn: str) -> Iterator[None]:
+    """Turn what a user's database setup can do wrong into one line naming `DL_DB_DSN` (the
+    password masked); anything else stays a bug with its traceback."""
+    where = mask_dsn(dsn)
+    try:
+        yield
+    except asyncpg.InvalidCatalogNameError as exc:  # the database does not exist
+        raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
+    except asyncpg.InvalidAuthorizationSpecificationError as exc:  # unknown role, password
+        raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise DataloaderError(
+            f"DL_DB_DSN ({where}): cannot create dataloader's schema: {exc}; grant the user"
+            " CREATE on the schema, or run `dataloader migrate` once as a user who may"
+        ) from None
+    except db.CONNECTION_ERRORS as exc:
+        raise DatabaseUnavailable(f"DL_DB_DSN: cannot connect to {where}: {exc}") from None
+
+
+async def _connect(dsn: str, application_name: str) -> db.Connection:
+    """A dedicated connection to a server dataloader can run on."""
+    with _explained(dsn):
+        conn = await db.connect(dsn, application_name)
+    if conn.get_server_version().major < MIN_SERVER_VERSION:
+        announced = conn.get_settings().server_version
+        await conn.close()
+        raise DataloaderError(
+            f"DL_DB_DSN ({mask_dsn(dsn)}): PostgreSQL {announced} is too old:"
+            f" dataloader needs {MIN_SERVER_VERSION} or later"
+        )
+    return conn
+
+
+async def check_database(dsn: str) -> None:
+    """Connect once: the database exists, lets us in and runs a recent enough PostgreSQL."""
+    conn = await _connect(dsn, "dataloader-check")
+    await conn.close()
+
+
 async def run_migrations(dsn: str) -> MigrationReport:
     """Apply pending migrations on a dedicated connection."""
+    conn = await _connect(dsn, "dataloader-migrate")
     try:
-        conn = await db.connect(dsn, "dataloader-migrate")
-    except db.CONNECTION_ERRORS as exc:
-        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {exc}") from exc
-    try:
-        return await migrate(conn)
+        with _explained(dsn):
+            return await migrate(conn)
     finally:
         await conn.close()
 
@@ -58,12 +103,12 @@ class AppContext:
         if settings.auto_migrate:
             report = await run_migrations(dsn)
             log.info("schema at version %d", report.current)
-        try:
+        else:
+            await check_database(dsn)
+        with _explained(dsn):
             pool = await db.create_pool(
                 dsn, settings.db_pool_size, "dataloader", settings.db_timeout_sec
             )
-        except db.CONNECTION_ERRORS as exc:
-            raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {exc}") from exc
         engine = db.create_engine(dsn)
         return cls(
             settings=settings,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,27 @@ class PrivateServer:
             await conn.execute(f'CREATE DATABASE "{DATABASE}"')
         finally:
             await conn.close()
+
+    async def require_passwords(self, user: str, password: str) -> None:
+        """Create a login role `user` with `password`; from then on every connection must give
+        its password (scram-sha-256), as on a real deployment."""
+        conn = await asyncpg.connect(self._server.get_uri("postgres"))
+        try:
+            await conn.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
+        finally:
+            await conn.close()
+        (self.pgdata / "pg_hba.conf").write_text("local all all scram-sha-256\n")
+        await asyncio.to_thread(self._pg_ctl, "reload")
+        deadline = time.monotonic() + 30
+        while True:  # the server reads the file again when it gets to it
+            try:
+                conn = await asyncpg.connect(self._server.get_uri("postgres"))
+            except asyncpg.InvalidAuthorizationSpecificationError:
+                return
+            await conn.close()
+            if time.monotonic() > deadline:
+                raise AssertionError("the server still lets connections in without a password")
+            await asyncio.sleep(0.02)
 
     @property
     def dsn(self) -> str:

@@ -4,16 +4,21 @@ one program; the start-up fails early and in one line for every mistake a user c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from importlib.metadata import version
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
-from .procs import DATALOADER_SCRIPT, Launcher, launched, run_cli
+from ..conftest import with_database
+from ..faults.server import PrivateServer
+from .procs import DATALOADER_SCRIPT, Launcher, free_port, launched, run_cli
 
 #: The two spellings of the program.
 PROGRAMS = {
@@ -98,3 +103,158 @@ async def test_a_taken_http_port_stops_the_start_before_any_worker(
     row = await conn.fetchrow("SELECT status, attempt FROM dl_jobs WHERE job_id = $1", job_id)
     assert (row["status"], row["attempt"]) == ("queued", 0)  # no worker ever ran
     assert await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'picked'") == 0
+
+
+# --- the database at start-up ---------------------------------------------------------------------
+
+#: A password that must never appear in the output.
+PASSWORD = "secretpw-2f9c"
+
+
+def with_credentials(dsn: str, user: str, password: str) -> str:
+    """`dsn` with another user and password (TCP and Unix-socket DSNs alike)."""
+    parts = urlsplit(dsn)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+
+def start_fails(dsn: str, cwd: Path, *, migrate: bool = True) -> str:
+    """Start the service on `dsn`; assert it stops with code 1 and one masked line; the line."""
+    result = run_cli(
+        [*PROGRAMS["python -m dataloader"]],
+        {
+            "DL_DB_DSN": dsn,
+            "DL_HTTP_PORT": str(free_port()),
+            "DL_AUTO_MIGRATE": str(migrate).lower(),
+        },
+        cwd=cwd,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stdout
+    assert PASSWORD not in result.stdout
+    line = one_line(result.stdout)
+    assert "DL_DB_DSN" in line
+    return line
+
+
+@pytest.mark.parametrize("migrate", [True, False], ids=["migrating", "not-migrating"])
+async def test_an_unknown_database_stops_the_start_in_one_line(
+    admin_dsn: str, tmp_path: Path, migrate: bool
+) -> None:
+    dsn = with_credentials(with_database(admin_dsn, "dl_no_such_database"), "postgres", PASSWORD)
+    line = await asyncio.to_thread(start_fails, dsn, tmp_path, migrate=migrate)
+    assert 'database "dl_no_such_database" does not exist' in line
+
+
+async def test_an_unknown_role_stops_the_start_in_one_line(db_dsn: str, tmp_path: Path) -> None:
+    dsn = with_credentials(db_dsn, "dl_no_such_role", PASSWORD)
+    line = await asyncio.to_thread(start_fails, dsn, tmp_path)
+    assert 'role "dl_no_such_role" does not exist' in line
+
+
+async def test_a_wrong_password_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    server = PrivateServer()
+    try:
+        await server.start()
+        await server.require_passwords(user="dl_owner", password="the-right-one")
+        dsn = with_credentials(server.dsn, "dl_owner", PASSWORD)
+        line = await asyncio.to_thread(start_fails, dsn, tmp_path)
+        assert 'password authentication failed for user "dl_owner"' in line
+    finally:
+        server.stop()
+
+
+async def test_a_user_who_may_not_create_the_schema_stops_the_start_in_one_line(
+    admin_dsn: str, empty_db_dsn: str, tmp_path: Path
+) -> None:
+    role = f"dl_no_create_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(empty_db_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'unused-here'")
+        # the default of PostgreSQL 15 and later, also on older servers
+        await admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        dsn = with_credentials(empty_db_dsn, role, PASSWORD)
+        line = await asyncio.to_thread(start_fails, dsn, tmp_path)
+        assert "permission denied for schema public" in line
+        assert "dataloader migrate" in line  # what to do about it
+        assert await admin.fetchval("SELECT to_regclass('dl_jobs')") is None
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+class OldServerProxy:
+    """Forwards connections to the test server, announcing it as PostgreSQL `version` (the
+    `server_version` parameter of the start-up answer rewritten), as an old server would."""
+
+    def __init__(self, dsn: str, version: str) -> None:
+        parts = urlsplit(dsn)
+        self._upstream = parts
+        self._version = version.encode()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> OldServerProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    def dsn(self) -> str:
+        user = self._upstream.username or "postgres"
+        return f"postgresql://{user}:{PASSWORD}@127.0.0.1:{self.port}{self._upstream.path}?sslmode=disable"
+
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        query = dict(parse_qsl(self._upstream.query))
+        port = self._upstream.port or int(query.get("port", 5432))
+        socket_dir = query.get("host")
+        if socket_dir:  # the embedded server: a Unix socket
+            return await asyncio.open_unix_connection(f"{socket_dir}/.s.PGSQL.{port}")
+        return await asyncio.open_connection(self._upstream.hostname, port)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await self._open_upstream()
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await asyncio.gather(
+                self._forward(client_r, server_w), self._rewrite(server_r, client_w)
+            )
+        client_w.close()
+        server_w.close()
+
+    async def _rewrite(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        name = b"server_version\0"
+        while True:  # messages: a type byte, a length counting itself, the body
+            head = await reader.readexactly(5)
+            body = await reader.readexactly(int.from_bytes(head[1:], "big") - 4)
+            if head[:1] == b"S" and body.startswith(name):
+                body = name + self._version + b"\0"
+                head = head[:1] + (len(body) + 4).to_bytes(4, "big")
+            writer.write(head + body)
+            if head[:1] == b"Z":  # ready for query: the start-up answer is over
+                break
+        await self._forward(reader, writer)
+
+    @staticmethod
+    async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("migrate", [True, False], ids=["migrating", "not-migrating"])
+async def test_a_server_older_than_13_stops_the_start_in_one_line(
+    db_dsn: str, tmp_path: Path, migrate: bool
+) -> None:
+    async with OldServerProxy(db_dsn, "12.22") as proxy:
+        conn = await asyncpg.connect(proxy.dsn())  # the proxy works, and lies
+        try:
+            assert conn.get_server_version().major == 12
+        finally:
+            await conn.close()
+        line = await asyncio.to_thread(start_fails, proxy.dsn(), tmp_path, migrate=migrate)
+    assert "PostgreSQL 12.22" in line
+    assert "13 or later" in line
