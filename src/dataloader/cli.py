@@ -25,7 +25,7 @@ from dataloader.config import Settings, load_settings
 from dataloader.context import check_database, resolve_dsn, run_migrations
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
-from dataloader.logger.utils import mask_text
+from dataloader.logger.utils import mask_dsn, mask_text
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.storage.migrate import MigrationReport
 
@@ -144,10 +144,19 @@ def _address(host: str, port: int) -> str:
 async def _prepare_database(settings: Settings) -> Settings:
     """Resolve the DSN (start the embedded server if unset) and migrate when configured."""
     dsn = await resolve_dsn(settings)
+    # fails here in one line, not in the application's start-up
+    version = await check_database(dsn)
+    embedded = settings.asyncpg_dsn is None
+    shown = mask_dsn(dsn)  # the embedded server's DSN has no password: psql takes it as it is
+    log.info(
+        "PostgreSQL %s (%s) at %s",
+        version,
+        "embedded" if embedded else "DL_DB_DSN",
+        shown,
+        extra={"server_version": version, "embedded": embedded, "dsn": shown},
+    )
     if settings.auto_migrate:
         await run_migrations(dsn)
-    else:
-        await check_database(dsn)  # fail here in one line, not in the application's start-up
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 

@@ -69,10 +69,13 @@ async def _connect(dsn: str, application_name: str) -> db.Connection:
     return conn
 
 
-async def check_database(dsn: str) -> None:
-    """Connect once: the database exists, lets us in and runs a recent enough PostgreSQL."""
+async def check_database(dsn: str) -> str:
+    """Connect once: the database exists, lets us in and runs a recent enough PostgreSQL.
+    Returns the server's version (`server_version`, e.g. "18.4")."""
     conn = await _connect(dsn, "dataloader-check")
+    version: str = conn.get_settings().server_version
     await conn.close()
+    return version
 
 
 async def run_migrations(dsn: str) -> MigrationReport:

