@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from dataloader.api.auth import Authenticator
 from dataloader.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -19,6 +20,9 @@ from dataloader.config import Settings
 from dataloader.runner import Runner
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
+
+#: Where the files of the docs pages are served (open, like the pages: they hold no data).
+DOCS_ASSETS_URL = "/docs/assets"
 
 
 def create_app(
@@ -35,11 +39,14 @@ def create_app(
             app.state.manager = runner.manager
             yield
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from files installed with the service, so
+    # they work where the service runs without internet
+    app = FastAPIOffline(
         title="dataloader",
         version=package_version(),
         description="PostgreSQL job queue: trigger, watch and cancel long-running jobs.",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS_URL,
     )
     app.state.manager = None
     app.state.authenticator = Authenticator(settings.api_tokens)
