@@ -1,6 +1,7 @@
-"""AppContext (spec §3): opens and closes every resource of the process in one ordered place:
-the embedded PostgreSQL (when `DL_DB_DSN` is unset), migrations, the asyncpg pool of the queue,
-and the SQLAlchemy async engine/sessionmaker offered to pipelines."""
+"""AppContext: opens and closes every resource of the process in one ordered place: the
+embedded PostgreSQL (when `DL_DB_DSN` is unset), migrations, the asyncpg pool of the queue,
+and a SQLAlchemy async engine/sessionmaker offered to pipelines. All of them connect to one
+database, the queue's own (`DL_DB_DSN` or the embedded one)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,17 @@ async def run_migrations(dsn: str) -> MigrationReport:
 
 @dataclass(eq=False)
 class AppContext:
-    """Resources shared by the API, the workers and pipelines."""
+    """Resources shared by the API, the workers and pipelines (as `ctx.app`), every one of them
+    on the queue's database.
+
+    * `pool`: the queue's asyncpg pool (its connections are not reset between uses: leave no
+      session state on them);
+    * `engine`, `sessionmaker`: SQLAlchemy async engine and sessions for a pipeline's own tables
+      beside the queue (the engine connects lazily: unused, it costs no connection). A pipeline
+      that writes to another database opens its own engine for it;
+    * `repo`: enqueue, read and cancel jobs;
+    * `dsn`: the database's DSN (with its password, if it has one: never log it as it is).
+    """
 
     settings: Settings
     dsn: str

@@ -1,5 +1,5 @@
 """Connections: the asyncpg pool and dedicated connections of the queue, and the SQLAlchemy
-async engine/sessionmaker the spec's AppContext offers to pipelines."""
+async engine/sessionmaker the AppContext offers to pipelines (on the queue's database too)."""
 
 from __future__ import annotations
 
@@ -96,10 +96,11 @@ def sqlalchemy_url(dsn: str) -> str:
 
 
 def create_engine(dsn: str, **kwargs: Any) -> AsyncEngine:
-    """The spec's async engine; it connects lazily, so an unused engine costs no connection."""
+    """The AppContext's async engine; it connects lazily, so an unused engine costs no
+    connection."""
     return create_async_engine(sqlalchemy_url(dsn), pool_pre_ping=True, **kwargs)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """Sessions for pipelines writing to target databases."""
+    """Sessions of `engine`, for pipelines writing to tables beside the queue."""
     return async_sessionmaker(engine, expire_on_commit=False)

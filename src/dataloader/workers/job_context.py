@@ -31,6 +31,10 @@ class JobContext(Generic[ArgsT]):
     Cancellation is cooperative: call `check_cancelled()` (or use `iterate`, which calls it
     between items) and the job ends `canceled`. When the job stops being ours (lease reaped,
     lock connection lost) the handler's task is cancelled outright.
+
+    `app` is the process's `AppContext`: its asyncpg `pool` and SQLAlchemy `engine` /
+    `sessionmaker` all connect to the queue's own database (`DL_DB_DSN` or the embedded one),
+    not to some other target: a pipeline loading into another database opens its own engine.
     """
 
     def __init__(
