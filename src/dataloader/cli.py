@@ -142,10 +142,13 @@ def _address(host: str, port: int) -> str:
 
 
 async def _prepare_database(settings: Settings) -> Settings:
-    """Resolve the DSN (start the embedded server if unset) and migrate when configured."""
+    """Resolve the DSN (start the embedded server if unset), check the database (one line on
+    failure, not a traceback from the application's start-up), migrate when configured, and
+    say which server it is and how to reach it."""
     dsn = await resolve_dsn(settings)
-    # fails here in one line, not in the application's start-up
     version = await check_database(dsn)
+    if settings.auto_migrate:
+        await run_migrations(dsn)
     embedded = settings.asyncpg_dsn is None
     shown = mask_dsn(dsn)  # the embedded server's DSN has no password: psql takes it as it is
     log.info(
@@ -155,8 +158,6 @@ async def _prepare_database(settings: Settings) -> Settings:
         shown,
         extra={"server_version": version, "embedded": embedded, "dsn": shown},
     )
-    if settings.auto_migrate:
-        await run_migrations(dsn)
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 

@@ -43,9 +43,10 @@ def _explained(dsn: str) -> Iterator[None]:
     where = mask_dsn(dsn)
     try:
         yield
-    except asyncpg.InvalidCatalogNameError as exc:  # the database does not exist
-        raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
-    except asyncpg.InvalidAuthorizationSpecificationError as exc:  # unknown role, password
+    except (
+        asyncpg.InvalidCatalogNameError,  # no such database
+        asyncpg.InvalidAuthorizationSpecificationError,  # no such role, wrong password
+    ) as exc:
         raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
     except asyncpg.InsufficientPrivilegeError as exc:
         raise DataloaderError(
