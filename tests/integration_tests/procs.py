@@ -36,6 +36,9 @@ FAST_TIMINGS: dict[str, str] = {
 #: The `dataloader` console script of the interpreter running the tests.
 DATALOADER_SCRIPT = Path(sys.executable).parent / "dataloader"
 
+#: The service as the README starts it.
+PYTHON_M_DATALOADER = (sys.executable, "-m", "dataloader")
+
 
 def free_port() -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
@@ -78,7 +81,7 @@ def run_cli(
 
 
 class ServiceProcess(JobsApi):
-    """One `python -m dataloader` child process (or `argv`) and an HTTP client for it."""
+    """One `python -m dataloader` child process (or `command`) and an HTTP client for it."""
 
     def __init__(
         self,
@@ -86,7 +89,7 @@ class ServiceProcess(JobsApi):
         dsn: str,
         workdir: Path,
         env: Mapping[str, str | None],
-        argv: Sequence[str] = ("-m", "dataloader"),
+        command: Sequence[str] = PYTHON_M_DATALOADER,
     ) -> None:
         self.name = name
         self.port = free_port()
@@ -98,7 +101,7 @@ class ServiceProcess(JobsApi):
         )
         self._log: IO[bytes] = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, *argv] if argv[0] == "-m" else list(argv),
+            list(command),
             env=self.env,
             cwd=workdir,
             stdin=subprocess.DEVNULL,
@@ -184,13 +187,13 @@ class Launcher:
         self,
         dsn: str,
         name: str | None = None,
-        argv: Sequence[str] = ("-m", "dataloader"),
+        command: Sequence[str] = PYTHON_M_DATALOADER,
         **env: str | None,
     ) -> ServiceProcess:
-        """Start `python -m dataloader` (or `argv`: arguments of the test's interpreter when it
-        begins with `-m`, else a whole command) on `dsn`; keyword arguments are extra variables."""
+        """Start `python -m dataloader` (or another `command`) on `dsn`; keyword arguments are
+        extra variables."""
         name = name or f"service{len(self.started) + 1}"
-        service = ServiceProcess(name, dsn, self.workdir, env, argv)
+        service = ServiceProcess(name, dsn, self.workdir, env, command)
         self.started.append(service)
         return service
 

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from importlib.metadata import version
@@ -20,11 +19,18 @@ import pytest
 
 from ..conftest import with_database
 from ..faults.server import PrivateServer
-from .procs import DATALOADER_SCRIPT, Launcher, free_port, launched, run_cli
+from .procs import (
+    DATALOADER_SCRIPT,
+    PYTHON_M_DATALOADER,
+    Launcher,
+    free_port,
+    launched,
+    run_cli,
+)
 
 #: The two spellings of the program.
 PROGRAMS = {
-    "python -m dataloader": [sys.executable, "-m", "dataloader"],
+    "python -m dataloader": list(PYTHON_M_DATALOADER),
     "dataloader": [str(DATALOADER_SCRIPT)],
 }
 
@@ -53,14 +59,18 @@ def test_help_names_the_program_and_its_commands(program: str, tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "command",
-    [["-m", "dataloader"], ["-m", "dataloader", "serve"], ["script", "serve"], ["script"]],
-    ids=["python-m", "python-m-serve", "script-serve", "script"],
+    [
+        [*PROGRAMS["python -m dataloader"]],
+        [*PROGRAMS["python -m dataloader"], "serve"],
+        [*PROGRAMS["dataloader"]],
+        [*PROGRAMS["dataloader"], "serve"],
+    ],
+    ids=["python-m", "python-m-serve", "script", "script-serve"],
 )
 async def test_every_spelling_of_serve_starts_the_service(
     launcher: Launcher, db_dsn: str, command: list[str]
 ) -> None:
-    argv = [str(DATALOADER_SCRIPT), *command[1:]] if command[0] == "script" else command
-    service = launcher.start(db_dsn, argv=argv)
+    service = launcher.start(db_dsn, command=command)
     await service.wait_healthy()
     job_id = await service.trigger(task="demo.noop")
     assert (await service.wait_status(job_id, "succeeded"))["attempt"] == 1
