@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -26,6 +27,7 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
 from .helpers import ADVISORY_LOCKS, JobsApi, wait_until
+from .procs import Launcher, launched
 
 __all__ = ["ADVISORY_LOCKS", "Service", "StartService", "wait_until"]
 
@@ -99,6 +101,13 @@ async def start_service(
             return Service(settings, app, client)
 
         yield start
+
+
+@pytest.fixture
+async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
+    """Starts service processes in `tmp_path`; every one still running is killed afterwards."""
+    async with launched(tmp_path) as started:
+        yield started
 
 
 @pytest.fixture

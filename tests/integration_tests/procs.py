@@ -80,6 +80,13 @@ def run_cli(
     )
 
 
+def one_line(output: str) -> str:
+    """The only non-blank line of `output` (fails showing them all otherwise)."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got:\n{output}"
+    return lines[0]
+
+
 class ServiceProcess(JobsApi):
     """One `python -m dataloader` child process (or `command`) and an HTTP client for it."""
 

@@ -8,7 +8,6 @@ import contextlib
 import json
 import socket
 import uuid
-from collections.abc import AsyncIterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from .procs import (
     PYTHON_M_DATALOADER,
     Launcher,
     free_port,
-    launched,
+    one_line,
     run_cli,
 )
 
@@ -33,12 +32,6 @@ PROGRAMS = {
     "python -m dataloader": list(PYTHON_M_DATALOADER),
     "dataloader": [str(DATALOADER_SCRIPT)],
 }
-
-
-@pytest.fixture
-async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
-    async with launched(tmp_path) as started:
-        yield started
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
@@ -83,13 +76,6 @@ async def test_python_m_migrate_is_the_migrate_command(empty_db_dsn: str, tmp_pa
     )
     assert result.returncode == 0, result.stdout
     assert "schema at version" in result.stdout
-
-
-def one_line(output: str) -> str:
-    """The only non-blank line of `output` (fails naming them all otherwise)."""
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line, got:\n{output}"
-    return lines[0]
 
 
 async def test_a_taken_http_port_stops_the_start_before_any_worker(

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,12 @@ import pytest
 from dataloader.storage.migrate import load_migrations
 
 from .helpers import ADVISORY_LOCKS, schema_definitions, wait_until
-from .procs import DATALOADER_SCRIPT, Launcher, free_port, launched, run_cli
+from .procs import DATALOADER_SCRIPT, Launcher, free_port, one_line, run_cli
 
 LATEST = max(m.version for m in load_migrations())
 SPEC_DDL = next(m for m in load_migrations() if m.version == 1).sql
 SPEC_INDEXES = {"ix_dl_jobs_claim", "ix_dl_jobs_running_lease", "ix_dl_jobs_status_queue"}
 SPEC_TRIGGERS = {"dl_jobs_notify_ins", "dl_jobs_notify_upd"}
-
-
-@pytest.fixture
-async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
-    """Starts service processes in `tmp_path`; every one still running is killed afterwards."""
-    async with launched(tmp_path) as started:
-        yield started
 
 
 async def job_row(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record:
@@ -270,12 +262,6 @@ async def test_a_second_stop_signal_cuts_the_grace_short_and_still_hands_the_job
 
 
 # --- configuration -------------------------------------------------------------------------------
-
-
-def one_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line, got:\n{output}"
-    return lines[0]
 
 
 @pytest.mark.parametrize(
