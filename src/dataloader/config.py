@@ -12,6 +12,7 @@ import re
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
+from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -198,6 +199,10 @@ class Settings(BaseSettings):
         value = value.strip()
         if not value.startswith(_DSN_SCHEMES):
             raise ValueError("must start with postgresql:// or postgresql+asyncpg://")
+        try:
+            _ = urlsplit(value).port  # asyncpg would fail on it later, with a traceback
+        except ValueError:
+            raise ValueError("the port must be a number from 0 to 65535") from None
         return value
 
     @field_validator("workers", mode="before")

@@ -116,6 +116,21 @@ def test_non_postgres_dsn_is_a_config_error_naming_it() -> None:
     assert "postgresql://" in message
 
 
+@pytest.mark.parametrize(
+    ("dsn", "mentions"),
+    [
+        ("postgresql://user:secretpw@db.example:abc/etl", "port"),
+        ("postgresql://user:secretpw@db.example:99999/etl", "port"),
+    ],
+    ids=["port-not-a-number", "port-out-of-range"],
+)
+def test_a_dsn_asyncpg_could_not_read_is_a_config_error_naming_it(dsn: str, mentions: str) -> None:
+    message = config_error(DL_DB_DSN=dsn)
+    assert message.startswith("DL_DB_DSN")
+    assert mentions in message
+    assert "secretpw" not in message
+
+
 # --- other variables --------------------------------------------------------------------------
 
 
