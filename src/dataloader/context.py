@@ -50,8 +50,14 @@ def _explained(dsn: str) -> Iterator[None]:
         raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
     except asyncpg.InsufficientPrivilegeError as exc:
         raise DataloaderError(
-            f"DL_DB_DSN ({where}): cannot create dataloader's schema: {exc}; grant the user"
-            " CREATE on the schema, or run `dataloader migrate` once as a user who may"
+            f"DL_DB_DSN ({where}): {exc}: the user must be allowed to create and change"
+            " dataloader's tables; grant it CREATE on the schema, or run `dataloader migrate`"
+            " once as a user who may"
+        ) from None
+    except asyncpg.ReadOnlySQLTransactionError as exc:
+        raise DataloaderError(
+            f"DL_DB_DSN ({where}): {exc}: the database is read-only (a standby?);"
+            " dataloader writes to it, so name the primary"
         ) from None
     except db.CONNECTION_ERRORS as exc:
         raise DatabaseUnavailable(f"DL_DB_DSN: cannot connect to {where}: {exc}") from None

@@ -181,6 +181,20 @@ async def test_a_user_who_may_not_create_the_schema_stops_the_start_in_one_line(
         await admin.close()
 
 
+async def test_a_read_only_database_stops_the_start_in_one_line(
+    empty_db_dsn: str, tmp_path: Path
+) -> None:
+    admin = await asyncpg.connect(empty_db_dsn)
+    try:  # as a hot standby is: every transaction read-only
+        database = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+    finally:
+        await admin.close()
+    line = await asyncio.to_thread(start_fails, empty_db_dsn, tmp_path)
+    assert "read-only" in line
+    assert "primary" in line  # what to do about it
+
+
 class OldServerProxy:
     """Forwards connections to the test server, announcing it as PostgreSQL `version` (the
     `server_version` parameter of the start-up answer rewritten), as an old server would."""
