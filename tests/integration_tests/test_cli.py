@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import socket
+import tempfile
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -287,11 +289,14 @@ def database_line(logs: str) -> dict[str, Any]:
 
 
 async def test_the_start_names_the_embedded_servers_version_and_a_dsn_to_reach_it(
-    launcher: Launcher, tmp_path: Path
+    launcher: Launcher,
 ) -> None:
-    service = launcher.start("unused", DL_DB_DSN=None, DL_DATA_DIR=str(tmp_path / "embedded"))
-    await service.wait_healthy(within=120)  # a first start runs initdb
+    # not under tmp_path: run as root, the server runs as another user, who may not enter the
+    # directory pytest keeps private to root
+    data_dir = Path(tempfile.mkdtemp(prefix="dl-embedded-"))
+    service = launcher.start("unused", DL_DB_DSN=None, DL_DATA_DIR=str(data_dir))
     try:
+        await service.wait_healthy(within=120)  # a first start runs initdb
         line = database_line(service.logs())
         assert line["embedded"] is True
         assert f"PostgreSQL {line['server_version']}" in line["message"]
@@ -302,9 +307,10 @@ async def test_the_start_names_the_embedded_servers_version_and_a_dsn_to_reach_i
             assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0  # the queue's own
         finally:
             await conn.close()
-    finally:
         service.terminate()  # gracefully: the embedded server stops with its last user
         assert await service.wait(within=60) == 0, service.logs()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 async def test_the_start_names_the_server_of_dl_db_dsn_with_the_password_masked(
