@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -76,14 +77,14 @@ class JobsApi:
             raise AssertionError(f"{exc}{self.describe_failure()}") from None
 
 
-def block_first_attempt(registry: PipelineRegistry, task: str) -> asyncio.Event:
-    """Register `task`: its first attempt blocks until cancelled (then sets the returned event),
-    later attempts return at once."""
+def block_first_run(registry: PipelineRegistry, task: str) -> asyncio.Event:
+    """Register `task`: its first run blocks until cancelled (then sets the returned event),
+    later runs return at once (whatever their attempt number: a refunded run keeps it)."""
     stopped = asyncio.Event()
 
     @registry.register(task)
     async def block(ctx: JobContext[dict[str, Any]]) -> None:
-        if ctx.attempt > 1:
+        if stopped.is_set():
             return
         try:
             await asyncio.Event().wait()
@@ -111,6 +112,17 @@ async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
         str(job_id),
     )
     return [r["kind"] for r in rows]
+
+
+async def event_payloads(conn: asyncpg.Connection, job_id: str, kind: str) -> list[Any]:
+    """The payloads of a job's journal rows of one kind, oldest first."""
+    rows = await conn.fetch(
+        "SELECT payload::text FROM dl_job_events WHERE job_id = $1::text::uuid AND kind = $2"
+        " ORDER BY event_id",
+        str(job_id),
+        kind,
+    )
+    return [json.loads(r["payload"]) for r in rows]
 
 
 async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:

@@ -74,8 +74,9 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
-    """A job this worker now runs; `claim_seq` fences every later write (unlike `attempt`, it
-    is never given to another claim, even when this one is handed back with a refund)."""
+    """A job this worker now runs; `claim_token` fences every later write (unlike `attempt`,
+    it is never given to another claim, even when this one is handed back with a refund, nor
+    after a failover that lost the last claims; `claim_seq` counts the job's claims)."""
 
     job_id: uuid.UUID
     queue: str
@@ -90,6 +91,26 @@ class ClaimedJob:
     lease_ttl_sec: int
     cancel_requested: bool
     claim_seq: int
+    claim_token: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat learnt of one job that is still ours."""
+
+    cancel_requested: bool
+    #: False when the row was locked by someone else: the lease was not extended this time.
+    extended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A fenced outcome write that found its job still ours."""
+
+    #: The journal kind written (done, requeue, failed, canceled, lost, backoff).
+    kind: str
+    #: Whether the job woken next had waited because its lock_key collides with this job's.
+    collision: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +252,7 @@ class JobRepository:
                 lease_ttl_sec=r["lease_ttl_sec"],
                 cancel_requested=r["cancel_requested"],
                 claim_seq=r["claim_seq"],
+                claim_token=r["claim_token"],
             )
             for r in rows
         ]
@@ -240,77 +262,93 @@ class JobRepository:
         value: float | None = await self._fetchval(queries.NEXT_DUE_IN, queue)
         return value
 
-    async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> bool:
-        """Busy lock: requeue after `delay_sec`, refunding the attempt. False if not ours."""
-        done = await self._fetchval(
-            queries.BACKOFF_JOB, job.job_id, job.claim_seq, delay_sec, worker_id
+    async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> str | None:
+        """Busy lock: requeue, refunding the attempt (see `queries.BACKOFF_JOB`). Returns who
+        holds the key (`none`, `running job`, `outside dataloader`), or None if not ours."""
+        holder: str | None = await self._fetchval(
+            queries.BACKOFF_JOB, job.job_id, job.claim_token, delay_sec, worker_id
         )
-        return done is not None
+        return holder
 
     async def heartbeat(
-        self, beats: Sequence[tuple[uuid.UUID, int, bool]], worker_id: str
-    ) -> dict[uuid.UUID, bool]:
-        """Extend leases of (job_id, claim_seq, journal?) triples; {job_id: cancel_requested}
-        for the jobs still ours."""
+        self, beats: Sequence[tuple[uuid.UUID, uuid.UUID, bool]], worker_id: str
+    ) -> dict[uuid.UUID, Beat]:
+        """Extend leases of (job_id, claim_token, journal?) triples; the jobs still ours."""
         if not beats:
             return {}
-        ids, claims, journal = zip(*beats, strict=True)
+        ids, tokens, journal = zip(*beats, strict=True)
         rows = await self._fetch(
-            queries.HEARTBEAT_JOBS, list(ids), list(claims), list(journal), worker_id
+            queries.HEARTBEAT_JOBS, list(ids), list(tokens), list(journal), worker_id
         )
-        return {r["job_id"]: r["cancel_requested"] for r in rows}
+        return {r["job_id"]: Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
     async def set_progress(
-        self, job_id: uuid.UUID, claim_seq: int, progress: dict[str, Any]
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, progress: dict[str, Any]
     ) -> bool | None:
         """Store progress; returns cancel_requested, or None when the job is not ours."""
-        value: bool | None = await self._fetchval(queries.SET_PROGRESS, job_id, claim_seq, progress)
+        value: bool | None = await self._fetchval(
+            queries.SET_PROGRESS, job_id, claim_token, progress
+        )
         return value
 
     async def complete_many(
-        self, jobs: Sequence[tuple[uuid.UUID, int]], worker_id: str
-    ) -> set[uuid.UUID]:
-        """Mark (job_id, claim_seq) pairs succeeded; returns the ids that were still ours."""
+        self, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]], worker_id: str
+    ) -> dict[uuid.UUID, Written]:
+        """Mark (job_id, claim_token) pairs succeeded; returns the jobs that were still ours."""
         if not jobs:
-            return set()
-        ids, claims = zip(*jobs, strict=True)
-        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(claims), worker_id)
-        return {row["job_id"] for row in rows}
+            return {}
+        ids, tokens = zip(*jobs, strict=True)
+        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(tokens), worker_id)
+        return {row["job_id"]: Written("done", row["collision"]) for row in rows}
 
     async def fail(
         self,
         job_id: uuid.UUID,
-        claim_seq: int,
+        claim_token: uuid.UUID,
         error: str,
         *,
         retryable: bool,
         retry_base_sec: float,
         worker_id: str,
-    ) -> str | None:
-        """Retry or fail; returns the journal kind written (requeue/failed/canceled) or None."""
-        kind: str | None = await self._fetchval(
-            queries.FAIL_JOB, job_id, claim_seq, error, retryable, retry_base_sec, worker_id
+    ) -> Written | None:
+        """Retry or fail (requeue/failed/canceled); None when the job is not ours."""
+        row = await self._fetchrow(
+            queries.FAIL_JOB, job_id, claim_token, error, retryable, retry_base_sec, worker_id
         )
-        return kind
+        return _written(row)
 
-    async def mark_canceled(self, job_id: uuid.UUID, claim_seq: int, worker_id: str) -> bool:
-        """The pipeline honoured a cancel request."""
-        done = await self._fetchval(queries.CANCEL_RUNNING_JOB, job_id, claim_seq, worker_id)
-        return done is not None
+    async def mark_canceled(
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, worker_id: str
+    ) -> Written | None:
+        """The pipeline honoured a cancel request; None when the job is not ours."""
+        return _written(
+            await self._fetchrow(queries.CANCEL_RUNNING_JOB, job_id, claim_token, worker_id)
+        )
 
     async def release(
-        self, job_id: uuid.UUID, claim_seq: int, *, refund: bool, worker_id: str, reason: str
-    ) -> str | None:
-        """Hand a running job back (see `queries.RELEASE_JOB`); returns the journal kind."""
-        kind: str | None = await self._fetchval(
-            queries.RELEASE_JOB, job_id, claim_seq, refund, worker_id, reason
+        self,
+        job_id: uuid.UUID,
+        claim_token: uuid.UUID,
+        *,
+        refund: bool,
+        max_refunds: int,
+        worker_id: str,
+        reason: str,
+    ) -> Written | None:
+        """Hand a running job back (see `queries.RELEASE_JOB`); None when it is not ours."""
+        row = await self._fetchrow(
+            queries.RELEASE_JOB, job_id, claim_token, refund, worker_id, reason, max_refunds
         )
-        return kind
+        return _written(row)
 
     async def reap_expired(self, batch: int, reaper_id: str) -> list[tuple[uuid.UUID, str]]:
         """One reaper pass of at most `batch` jobs: [(job_id, new status)]."""
         rows = await self._fetch(queries.REAP_EXPIRED, batch, reaper_id)
         return [(r["job_id"], r["status"]) for r in rows]
+
+
+def _written(row: Record | None) -> Written | None:
+    return None if row is None else Written(row["kind"], row["collision"])
 
 
 async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
@@ -390,6 +428,20 @@ async def advisory_unlock(conn: Connection, lock_hashes: Sequence[int]) -> int:
     """Release session-level advisory locks; returns how many this session held."""
     released: int = await conn.fetchval(queries.ADVISORY_UNLOCK, list(lock_hashes))
     return released
+
+
+async def held_advisory_locks(conn: Connection) -> set[int]:
+    """The one-key advisory locks the session behind `conn` holds (each once, however many
+    times it took it)."""
+    return {r["lock_hash"] for r in await conn.fetch(queries.HELD_ADVISORY_LOCKS)}
+
+
+async def advisory_unlock_fully(conn: Connection, lock_hashes: Sequence[int]) -> None:
+    """Release every level of each hash (a session-level advisory lock taken twice needs two
+    releases); hashes the session does not hold are skipped."""
+    pending = list(lock_hashes)
+    while pending:
+        pending = [r["lock_hash"] for r in await conn.fetch(queries.ADVISORY_UNLOCK_HELD, pending)]
 
 
 async def session_identity(conn: Connection) -> tuple[int, datetime]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.exceptions import JobCanceled, JobLost
-from dataloader.storage.repositories import ClaimedJob, JobRepository
+from dataloader.storage.repositories import ClaimedJob
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
@@ -39,13 +39,11 @@ class JobContext(Generic[ArgsT]):
         args: ArgsT,
         *,
         app: AppContext,
-        repo: JobRepository,
         state: RunState,
     ) -> None:
         self.job = job
         self.args = args
         self.app = app
-        self._repo = repo
         self._state = state
         self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
 
@@ -60,10 +58,20 @@ class JobContext(Generic[ArgsT]):
 
     @property
     def claim_seq(self) -> int:
-        """This run's fencing token: the job row's `claim_seq` while the run owns the job. A
-        pipeline writing elsewhere can fence its own writes on it (`status = 'running' AND
-        claim_seq = …` under the job row's lock); unlike `attempt`, no later run shares it."""
+        """How many times the job was claimed, this run included (informative: after a
+        failover to an asynchronous standby a number may be handed out again; fence on
+        `claim_token`)."""
         return self.job.claim_seq
+
+    @property
+    def claim_token(self) -> uuid.UUID:
+        """This run's fencing token: the job row's `claim_token` while the run owns the job,
+        drawn at random by each claim, so no other run ever shares it. A pipeline writing
+        elsewhere fences its own writes on it: in the transaction of those writes,
+        `SELECT 1 FROM dl_jobs WHERE job_id = … AND status = 'running' AND claim_token = …
+        FOR SHARE`, and write only if the row is there (FOR SHARE keeps the reaper from taking
+        the job until the transaction ends; keep such transactions shorter than the lease)."""
+        return self.job.claim_token
 
     @property
     def cancel_requested(self) -> bool:
@@ -79,7 +87,7 @@ class JobContext(Generic[ArgsT]):
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
         """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
         value = {**(progress or {}), **fields}
-        cancel = await self._repo.set_progress(self.job.job_id, self.job.claim_seq, value)
+        cancel = await self.app.repo.set_progress(self.job.job_id, self.job.claim_token, value)
         if cancel is None:
             self._state.lost_reason = self._state.lost_reason or "job is no longer ours"
             raise JobLost(self._state.lost_reason)
