@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
+from dataloader.workers.base import QueueWorker
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.manager import WorkerManager
 from dataloader.workers.pipelines.registry import PipelineRegistry
@@ -103,6 +104,17 @@ def pipeline_running(manager: WorkerManager, job_id: str) -> Callable[[], Awaita
         return any(str(j) == job_id and r.task is not None for j, r in running.items())
 
     return probe
+
+
+async def claimed_since_now(worker: QueueWorker) -> None:
+    """Return once `worker` has answered a claim that started after this call."""
+    target = worker.claims_started + 1
+    worker.wake()
+
+    async def answered() -> bool:
+        return worker.claims_answered >= target
+
+    await wait_until(answered, what=f"a claim of {worker.queue}")
 
 
 async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:

@@ -35,6 +35,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    # asyncpg's protocol left in a bad state by a connection cut mid-statement ("cannot switch
+    # to state …"): that connection is unusable, another one works
+    asyncpg.InternalClientError,
     TimeoutError,
 )
 

@@ -112,6 +112,13 @@ SELECT n_dead_tup AS dead_tuples, n_live_tup AS live_tuples,
 FROM pg_stat_user_tables WHERE relid = 'dl_jobs'::regclass
 """
 
+#: Waits caused by lock_key collisions under hashtext in the last hour (dl_wake_lock_waiter
+#: journals them; a partial index keeps this cheap however long the journal).
+RECENT_LOCK_COLLISIONS: Final = """
+SELECT count(*) FROM dl_job_events
+WHERE kind = 'lock_key_collision' AND ts > now() - interval '1 hour'
+"""
+
 #: A job's journal, oldest first.
 JOB_EVENTS: Final = """
 SELECT event_id, kind, ts, payload FROM dl_job_events WHERE job_id = $1 ORDER BY event_id

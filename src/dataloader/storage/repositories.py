@@ -148,9 +148,10 @@ class JobRepository:
         try:
             await self._know_session(conn)
             yield conn
-        except (asyncio.CancelledError, TimeoutError):
-            # its statement may still be in flight, on a socket that may be half-open: close
-            # it, and end its session from the next connection (if it is still there)
+        except (asyncio.CancelledError, TimeoutError, asyncpg.InternalClientError):
+            # its statement may still be in flight, on a socket that may be half-open (or the
+            # driver lost track of it): close it, and end its session from the next connection
+            # (if it is still there)
             started = self._sessions.pop(conn.get_server_pid(), None)
             if started is not None:
                 self._abandoned.add(conn.get_server_pid(), started)
@@ -213,14 +214,16 @@ class JobRepository:
         return counts
 
     async def maintenance(self) -> dict[str, Any]:
-        """The queue table's dead rows and the oldest transaction that may keep vacuum from
-        removing them (None when no transaction is open)."""
+        """The queue table's dead rows, the oldest transaction that may keep vacuum from
+        removing them (None when no transaction is open), and recent lock_key collisions."""
         async with self._conn() as conn:
             table = await conn.fetchrow(queries.QUEUE_TABLE_HEALTH)
             oldest = await conn.fetchrow(queries.OLDEST_TRANSACTION)
+            collisions = await conn.fetchval(queries.RECENT_LOCK_COLLISIONS)
         return {
             "queue_table": dict(table) if table is not None else None,
             "oldest_transaction": dict(oldest) if oldest is not None else None,
+            "lock_key_collisions_last_hour": collisions,
         }
 
     async def cancel(self, job_id: uuid.UUID) -> JobState | None:

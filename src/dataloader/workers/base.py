@@ -45,6 +45,10 @@ class QueueWorker:
         self.idle = asyncio.Event()
         #: When (monotonic) the claim that last set `idle` started.
         self.idle_claim_started = 0.0
+        #: Claim statements started and answered (one at a time: the n-th answered is the n-th
+        #: started), for operators and tests.
+        self.claims_started = 0
+        self.claims_answered = 0
 
     @property
     def busy(self) -> int:
@@ -74,7 +78,9 @@ class QueueWorker:
             self._wakeup.clear()
             try:
                 claim_started = time.monotonic()
+                self.claims_started += 1
                 jobs = await self._rt.repo.claim(self.queue, free, self._rt.worker_id)
+                self.claims_answered += 1
                 if jobs or self._jobs:
                     self.idle.clear()
                 else:

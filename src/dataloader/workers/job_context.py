@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.exceptions import JobCanceled, JobLost
+from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.repositories import ClaimedJob
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
 
 ArgsT = TypeVar("ArgsT")
+
+#: Pauses before each new try of a progress write whose connection was lost.
+PROGRESS_RETRY_PAUSES_SEC = (0.05, 0.2, 0.5, 1.0)
 T = TypeVar("T")
 
 
@@ -85,9 +90,22 @@ class JobContext(Generic[ArgsT]):
             raise JobCanceled("cancel requested")
 
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
-        """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
+        """Replace the job's `progress` (any JSON object); also learns of a cancel request.
+
+        A connection lost on the way (a server restart, a terminated session) is retried a few
+        times on a new one: the write is idempotent, and a brief outage of the queue's
+        database is no fault of the job's."""
         value = {**(progress or {}), **fields}
-        cancel = await self.app.repo.set_progress(self.job.job_id, self.job.claim_token, value)
+        for pause in (*PROGRESS_RETRY_PAUSES_SEC, None):
+            try:
+                cancel = await self.app.repo.set_progress(
+                    self.job.job_id, self.job.claim_token, value
+                )
+                break
+            except CONNECTION_ERRORS:
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
         if cancel is None:
             self._state.lost_reason = self._state.lost_reason or "job is no longer ours"
             raise JobLost(self._state.lost_reason)
