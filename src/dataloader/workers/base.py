@@ -108,11 +108,10 @@ class QueueWorker:
         try:
             locked = await self._rt.locks.try_lock(job.lock_hash for job in jobs)
         except Exception as exc:  # nothing was locked: give them back at once
-            why = "the lock connection is down" if isinstance(exc, LockConnectionLost) else None
-            if why is None:
+            if not isinstance(exc, LockConnectionLost):
                 log.warning("locking %d job(s) failed: %r", len(jobs), exc)
             for job in jobs:
-                await self._backoff(job, 0.0, why or f"locking failed ({type(exc).__name__})")
+                await self._backoff(job, 0.0, f"the jobs could not be locked ({exc!r})")
             return
         busy: list[ClaimedJob] = []
         for job in jobs:  # no await in this loop: every lock taken gets its job started
