@@ -88,3 +88,21 @@ async def test_run_until_empty_needs_workers(settings: Settings) -> None:
     async with Runner(settings, run_workers=False) as dl:
         with pytest.raises(RuntimeError, match="needs the workers"):
             await dl.run_until_empty()
+
+
+async def test_enqueue_works_on_a_plain_asyncpg_connection(db_dsn: str) -> None:
+    """The README's snippet on a connection without dataloader's json codec: args go as JSON
+    text, not as a Python dict the connection does not know how to send."""
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        async with conn.transaction():
+            result = await enqueue(conn, job(1, key="plain"))
+        again = await enqueue(conn, job(1, key="plain"))
+        stored = await conn.fetchval(
+            "SELECT args::text FROM dl_jobs WHERE job_id = $1", result.job_id
+        )
+    finally:
+        await conn.close()
+    assert result.created
+    assert (again.job_id, again.created) == (result.job_id, False)
+    assert stored == '{"i": 1}'

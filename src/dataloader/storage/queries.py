@@ -25,13 +25,14 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 
 #: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
 #: Returns no row on an idempotency conflict (then read the existing job with JOB_BY_IDEMPOTENCY).
+#: $3 = args as JSON text: any asyncpg connection sends text, with or without a json codec.
 INSERT_JOB: Final = """
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group)
-    VALUES (gen_random_uuid(), $1, $2, $3::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9, $10,
-            $11, $12)
+    VALUES (gen_random_uuid(), $1, $2, $3::text::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9,
+            $10, $11, $12)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (

@@ -320,7 +320,7 @@ async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
             queries.INSERT_JOB,
             job.queue,
             job.task,
-            job.args,
+            json.dumps(job.args),
             job.idempotency_key,
             job.lock_key,
             job.partition_key,
