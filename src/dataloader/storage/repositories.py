@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,8 @@ import asyncpg
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core import limits
+from dataloader.exceptions import InvalidJob
 from dataloader.storage import queries
 from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
 
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """What a producer asks for (spec §5 trigger input, plus optional per-job limits)."""
+    """What a producer asks for (spec §5 trigger input, plus optional per-job limits).
+
+    Checked when built, against the same bounds as the HTTP API (`dataloader.core.limits`):
+    a field out of bounds raises `InvalidJob` naming it, before anything is sent.
+    """
 
     queue: str
     task: str
@@ -41,6 +46,20 @@ class NewJob:
     lease_ttl_sec: int = 60
     producer: str | None = None
     consumer_group: str | None = None
+    #: `args` as JSON text, as checked and as sent (PostgreSQL casts it to jsonb).
+    args_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, check in limits.JOB_FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if value is None and name in limits.OPTIONAL_JOB_FIELDS:
+                continue
+            try:
+                checked = check(value)
+            except ValueError as exc:
+                raise InvalidJob(name, str(exc)) from None
+            if name == "args":
+                object.__setattr__(self, "args_json", checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +339,7 @@ async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
             queries.INSERT_JOB,
             job.queue,
             job.task,
-            json.dumps(job.args),
+            job.args_json,
             job.idempotency_key,
             job.lock_key,
             job.partition_key,
@@ -352,7 +371,7 @@ async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[Enqu
         ids,
         [j.queue for j in jobs],
         [j.task for j in jobs],
-        [json.dumps(j.args) for j in jobs],
+        [j.args_json for j in jobs],
         [j.idempotency_key for j in jobs],
         [j.lock_key for j in jobs],
         [j.partition_key for j in jobs],
