@@ -67,6 +67,10 @@ class TriggerResponse(BaseModel):
 
     job_id: uuid.UUID
     status: JobStatus
+    created: bool = Field(
+        description="Whether this call created the job (false: its idempotency_key already"
+        " named the same job, which is returned)."
+    )
 
 
 class JobStatusResponse(BaseModel):
@@ -92,3 +96,12 @@ class ErrorResponse(BaseModel):
     """Body of 4xx/5xx answers that are not validation errors."""
 
     detail: str
+
+
+class IdempotencyConflictResponse(BaseModel):
+    """409: the idempotency_key already names a job whose fields differ from the request."""
+
+    detail: str
+    idempotency_key: str
+    job_id: uuid.UUID = Field(description="The job that holds the key.")
+    fields: list[str] = Field(description="The fields that differ.")
