@@ -38,10 +38,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     "/trigger",
     response_model=TriggerResponse,
     responses={
+        400: {"model": ErrorResponse, "description": "The body could not be parsed"},
         409: {
             "model": IdempotencyConflictResponse,
             "description": "The idempotency_key already names a job with other fields",
-        }
+        },
     },
     dependencies=[requires(Scope.trigger)],
 )

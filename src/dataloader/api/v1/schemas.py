@@ -6,7 +6,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+)
 
 from dataloader.base import JobStatus
 from dataloader.core import limits
@@ -30,13 +38,38 @@ Key = Annotated[str, _text_schema(1, limits.KEY_MAX_CHARS), AfterValidator(limit
 PartitionKey = Annotated[
     str, _text_schema(0, limits.KEY_MAX_CHARS), AfterValidator(limits.check_partition_key)
 ]
-Priority = Annotated[int, Field(strict=True, ge=limits.PRIORITY_MIN, le=limits.PRIORITY_MAX)]
-MaxAttempts = Annotated[
-    int, Field(strict=True, ge=limits.MAX_ATTEMPTS_MIN, le=limits.MAX_ATTEMPTS_MAX)
+
+
+def _whole_number(value: object) -> object:
+    """A JSON integer, as JSON Schema counts them: 407.0 is one (JSON has one number type),
+    1.5, true and "5" are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeNumber = BeforeValidator(_whole_number)
+Priority = Annotated[
+    int, Field(strict=True, ge=limits.PRIORITY_MIN, le=limits.PRIORITY_MAX), WholeNumber
 ]
-LeaseTtl = Annotated[int, Field(strict=True, ge=limits.LEASE_TTL_MIN, le=limits.LEASE_TTL_MAX)]
+MaxAttempts = Annotated[
+    int, Field(strict=True, ge=limits.MAX_ATTEMPTS_MIN, le=limits.MAX_ATTEMPTS_MAX), WholeNumber
+]
+LeaseTtl = Annotated[
+    int, Field(strict=True, ge=limits.LEASE_TTL_MIN, le=limits.LEASE_TTL_MAX), WholeNumber
+]
 JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
-Instant = Annotated[AwareDatetime, AfterValidator(limits.check_instant)]
+
+
+def _a_string(value: object) -> object:
+    """An instant arrives as an RFC 3339 string only, as the schema says: pydantic would also
+    take a number as seconds since 1970."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+Instant = Annotated[AwareDatetime, BeforeValidator(_a_string), AfterValidator(limits.check_instant)]
 
 
 class TriggerRequest(BaseModel):
