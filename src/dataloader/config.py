@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Self
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -25,6 +26,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from dataloader.core.limits import check_name
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
@@ -36,7 +38,7 @@ class WorkerSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    queue: Annotated[str, Field(min_length=1, max_length=200)]
+    queue: Annotated[str, AfterValidator(check_name)]  # a queue that can be triggered
     concurrency: Annotated[int, Field(ge=1, le=10_000)]
 
 

@@ -24,21 +24,22 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 # --- producers ---------------------------------------------------------------------------------
 
 #: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
-#: Returns no row on an idempotency conflict (then read the existing job with JOB_BY_IDEMPOTENCY).
+#: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
+#: $3 = args as JSON text: any asyncpg connection sends text, with or without a json codec.
 INSERT_JOB: Final = """
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group)
-    VALUES (gen_random_uuid(), $1, $2, $3::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9, $10,
-            $11, $12)
+    VALUES (gen_random_uuid(), $1, $2, $3::text::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9,
+            $10, $11, $12)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
 )
-SELECT job_id, status::text AS status, true AS created FROM ins
+SELECT job_id, status::text AS status FROM ins
 """
 
 #: Insert many jobs in one statement (arrays, one element per job; $1 = job ids chosen by the
@@ -67,15 +68,38 @@ WITH ins AS (
 SELECT job_id FROM ins
 """
 
-#: The jobs holding some idempotency keys.
+#: The jobs holding some idempotency keys, and which fields of the jobs asked for under those
+#: keys differ from theirs (arrays, one element per asked-for job, in INSERT_JOBS's order
+#: without the ids). "The same job" compares every field as it would be stored (a default is a
+#: value), except that an omitted (NULL) available_at, producer or consumer_group is no
+#: difference; a given available_at is compared with the one the job was queued with (its
+#: `queued` event), not with today's, which retries and backoffs move.
 JOBS_BY_IDEMPOTENCY: Final = """
-SELECT idempotency_key, job_id, status::text AS status FROM dl_jobs
-WHERE idempotency_key = ANY($1::text[])
-"""
-
-#: The job holding an idempotency key.
-JOB_BY_IDEMPOTENCY: Final = """
-SELECT job_id, status::text AS status, false AS created FROM dl_jobs WHERE idempotency_key = $1
+SELECT t.idempotency_key, j.job_id, j.status::text AS status,
+       array_remove(ARRAY[
+           CASE WHEN j.queue <> t.queue THEN 'queue' END,
+           CASE WHEN j.task <> t.task THEN 'task' END,
+           CASE WHEN j.args <> t.args::jsonb THEN 'args' END,
+           CASE WHEN j.lock_key <> t.lock_key THEN 'lock_key' END,
+           CASE WHEN j.partition_key <> t.partition_key THEN 'partition_key' END,
+           CASE WHEN j.priority <> t.priority THEN 'priority' END,
+           CASE WHEN t.available_at <> (
+                    SELECT (e.payload->>'available_at')::timestamptz FROM dl_job_events e
+                    WHERE e.job_id = j.job_id AND e.kind = 'queued'
+                    ORDER BY e.event_id LIMIT 1)
+                THEN 'available_at' END,
+           CASE WHEN j.max_attempts <> t.max_attempts THEN 'max_attempts' END,
+           CASE WHEN j.lease_ttl_sec <> t.lease_ttl_sec THEN 'lease_ttl_sec' END,
+           CASE WHEN j.producer IS DISTINCT FROM COALESCE(t.producer, j.producer)
+                THEN 'producer' END,
+           CASE WHEN j.consumer_group IS DISTINCT FROM COALESCE(t.consumer_group, j.consumer_group)
+                THEN 'consumer_group' END
+       ], NULL) AS differs
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+            $8::timestamptz[], $9::int[], $10::int[], $11::text[], $12::text[])
+     AS t(queue, task, args, idempotency_key, lock_key, partition_key, priority, available_at,
+          max_attempts, lease_ttl_sec, producer, consumer_group)
+JOIN dl_jobs j ON j.idempotency_key = t.idempotency_key
 """
 
 # --- readers -------------------------------------------------------------------------------

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,8 @@ import asyncpg
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core import limits
+from dataloader.exceptions import IdempotencyConflict, InvalidJob
 from dataloader.storage import queries
 from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
 
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """What a producer asks for (spec §5 trigger input, plus optional per-job limits)."""
+    """What a producer asks for (spec §5 trigger input, plus optional per-job limits).
+
+    Checked when built, against the same bounds as the HTTP API (`dataloader.core.limits`):
+    a field out of bounds raises `InvalidJob` naming it, before anything is sent.
+    """
 
     queue: str
     task: str
@@ -41,6 +46,20 @@ class NewJob:
     lease_ttl_sec: int = 60
     producer: str | None = None
     consumer_group: str | None = None
+    #: `args` as JSON text, as checked and as sent (PostgreSQL casts it to jsonb).
+    args_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, check in limits.JOB_FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if value is None and name in limits.OPTIONAL_JOB_FIELDS:
+                continue
+            try:
+                checked = check(value)
+            except ValueError as exc:
+                raise InvalidJob(name, str(exc)) from None
+            if name == "args":
+                object.__setattr__(self, "args_json", checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,13 +374,15 @@ def _written(row: Record | None) -> Written | None:
 
 
 async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
-    """Insert `job` on `conn` (usable inside the caller's own transaction)."""
+    """Insert `job` on `conn` (usable inside the caller's own transaction), or return the job
+    that already holds its idempotency key if that job is the same (see
+    `queries.JOBS_BY_IDEMPOTENCY`); raise `IdempotencyConflict` if it is not."""
     while True:
         row = await conn.fetchrow(
             queries.INSERT_JOB,
             job.queue,
             job.task,
-            job.args,
+            job.args_json,
             job.idempotency_key,
             job.lock_key,
             job.partition_key,
@@ -372,28 +393,60 @@ async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
             job.producer,
             job.consumer_group,
         )
-        if row is None and job.idempotency_key is not None:
-            # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
-            # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
-            row = await conn.fetchrow(queries.JOB_BY_IDEMPOTENCY, job.idempotency_key)
         if row is not None:
-            return EnqueueResult(row["job_id"], JobStatus(row["status"]), row["created"])
+            return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
+        # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
+        # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
+        existing = await _holders(conn, [job])
+        if job.idempotency_key in existing:
+            return existing[job.idempotency_key]
 
 
 async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
     """Insert `jobs` on `conn` in one statement (usable inside the caller's transaction).
 
     A job whose idempotency_key already exists (or repeats one earlier in `jobs`) is not
-    inserted: its result is the job holding the key. Results come in input order.
+    inserted: its result is the job holding the key, if that job is the same; if it is not,
+    `IdempotencyConflict` is raised and nothing of the batch is written (the batch runs in a
+    transaction, a savepoint inside the caller's). Results come in input order.
     """
     if not jobs:
         return []
     ids = [uuid.uuid4() for _ in jobs]
-    columns = (
-        ids,
+    async with conn.transaction():
+        inserted = {
+            row["job_id"] for row in await conn.fetch(queries.INSERT_JOBS, ids, *_columns(jobs))
+        }
+        skipped = [j for j, i in zip(jobs, ids, strict=True) if i not in inserted]
+        existing = await _holders(conn, skipped) if skipped else {}
+    return [
+        EnqueueResult(job_id, JobStatus.QUEUED, True)
+        if job_id in inserted
+        else existing[job.idempotency_key]  # type: ignore[index]  # only keyed jobs are skipped
+        for job, job_id in zip(jobs, ids, strict=True)
+    ]
+
+
+async def _holders(conn: AnyConnection, jobs: Sequence[NewJob]) -> dict[str, EnqueueResult]:
+    """{idempotency key: the job holding it} for the keys of `jobs` (a key whose holder is
+    gone is missing); `IdempotencyConflict` for the first job whose fields differ from its
+    holder's."""
+    results = {}
+    for row in await conn.fetch(queries.JOBS_BY_IDEMPOTENCY, *_columns(jobs)):
+        if row["differs"]:
+            raise IdempotencyConflict(row["idempotency_key"], row["job_id"], row["differs"])
+        results[row["idempotency_key"]] = EnqueueResult(
+            row["job_id"], JobStatus(row["status"]), False
+        )
+    return results
+
+
+def _columns(jobs: Sequence[NewJob]) -> tuple[list[Any], ...]:
+    """The jobs' fields as one array per column, in the order of the statements' parameters."""
+    return (
         [j.queue for j in jobs],
         [j.task for j in jobs],
-        [json.dumps(j.args) for j in jobs],
+        [j.args_json for j in jobs],
         [j.idempotency_key for j in jobs],
         [j.lock_key for j in jobs],
         [j.partition_key for j in jobs],
@@ -404,21 +457,6 @@ async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[Enqu
         [j.producer for j in jobs],
         [j.consumer_group for j in jobs],
     )
-    inserted = {row["job_id"] for row in await conn.fetch(queries.INSERT_JOBS, *columns)}
-    keys = [j.idempotency_key for j, i in zip(jobs, ids, strict=True) if i not in inserted]
-    existing: dict[str, tuple[uuid.UUID, JobStatus]] = {}
-    if keys:
-        for row in await conn.fetch(queries.JOBS_BY_IDEMPOTENCY, keys):
-            existing[row["idempotency_key"]] = (row["job_id"], JobStatus(row["status"]))
-    results = []
-    for job, job_id in zip(jobs, ids, strict=True):
-        if job_id in inserted:
-            results.append(EnqueueResult(job_id, JobStatus.QUEUED, True))
-        else:
-            assert job.idempotency_key is not None  # only a key conflict skips an insert
-            found_id, status = existing[job.idempotency_key]
-            results.append(EnqueueResult(found_id, status, False))
-    return results
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:
