@@ -335,7 +335,7 @@ WITH mine AS (
     SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
     FROM upd
 )
-SELECT job_id, dl_wake_lock_waiter(job_id, lock_key) AS collision FROM upd
+SELECT job_id, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
 """
 
 #: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
@@ -367,7 +367,7 @@ WITH upd AS (
 )
 SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
                    ELSE 'failed' END AS kind,
-       dl_wake_lock_waiter(job_id, lock_key) AS collision
+       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
 FROM upd
 """
 
@@ -383,7 +383,7 @@ WITH upd AS (
     SELECT job_id, queue, 'canceled', jsonb_build_object('attempt', attempt, 'worker', $3::text)
     FROM upd
 )
-SELECT 'canceled' AS kind, dl_wake_lock_waiter(job_id, lock_key) AS collision FROM upd
+SELECT 'canceled' AS kind, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
 """
 
 #: Hand a running job back to the queue, fenced. $3 = refund the attempt (the run was cut short
@@ -423,7 +423,7 @@ WITH cur AS (
 )
 SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
                    ELSE 'lost' END AS kind,
-       dl_wake_lock_waiter(job_id, lock_key) AS collision
+       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
 FROM upd
 """
 
@@ -459,7 +459,7 @@ WITH expired AS (
            jsonb_build_object('attempt', attempt, 'reaper', $2::text, 'reason', 'lease expired')
     FROM upd
 )
-SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key) AS collision
+SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
 FROM upd
 """
 

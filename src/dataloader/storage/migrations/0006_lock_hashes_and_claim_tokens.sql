@@ -31,10 +31,13 @@ CREATE INDEX IF NOT EXISTS ix_dl_job_events_lock_collisions
 
 -- Called for each job that leaves `running` (its lock_key is free): wakes the queue of the next
 -- ready job of the same lock_key hash, in claim order, on the spec's channel (any replica
--- serving that queue claims it now, not at its next poll). If that job's key is a different one
+-- serving that queue claims it now, not at its next poll). A waiter in the finished job's own
+-- queue is not notified: the worker that ran the job serves that queue and wakes it itself, and
+-- waking every replica of the queue at once would only make them race for the key. If that
+-- job's key is a different one
 -- that only shares the hash, and no job of its own key runs, it waited because of a hashtext
 -- collision: journalled on the waiting job (`lock_key_collision`) and reported as true.
-CREATE OR REPLACE FUNCTION dl_wake_lock_waiter(finished uuid, finished_key text)
+CREATE OR REPLACE FUNCTION dl_wake_lock_waiter(finished uuid, finished_key text, finished_queue text)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -49,7 +52,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM pg_notify('dl_jobs', waiter.queue);
+    IF waiter.queue <> finished_queue THEN
+        PERFORM pg_notify('dl_jobs', waiter.queue);
+    END IF;
     IF waiter.lock_key = finished_key OR EXISTS (
         SELECT 1 FROM dl_jobs r
         WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(waiter.lock_key)
