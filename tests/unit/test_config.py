@@ -81,8 +81,8 @@ def test_workers_json_is_read_from_the_environment(monkeypatch: pytest.MonkeyPat
         pytest.param('"default"', "JSON list", id="string-not-list"),
         pytest.param('[{"queue": "a", "concurrency": 1, "x": 1}]', "x", id="unknown-key"),
         pytest.param(
-            '[{"queue": "' + "q" * 64 + '", "concurrency": 1}]',
-            "at most 63 characters",
+            '[{"queue": "' + "q" * 201 + '", "concurrency": 1}]',
+            "at most 200 characters",
             id="queue-longer-than-a-trigger-accepts",
         ),
     ],

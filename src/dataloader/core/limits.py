@@ -25,14 +25,19 @@ from typing import Any, Final
 UTF8_MAX_BYTES_PER_CHAR: Final = 4
 
 #: Byte budget of a name (queue, task, producer, consumer_group): the claim indexes hold the
-#: queue, and the NOTIFY that wakes workers carries it.
-NAME_MAX_BYTES: Final = 255
-#: Byte budget of a key (lock_key, idempotency_key, partition_key): the idempotency key's
-#: unique index and the running lock_key index hold them, far below the ~2,700-byte entry limit.
-KEY_MAX_BYTES: Final = 1000
+#: queue beside a few fixed-size columns, and the NOTIFY that wakes workers (8,000 bytes at
+#: most) carries it.
+NAME_MAX_BYTES: Final = 800
+#: Byte budget of an idempotency_key: its unique index holds the text itself, and a btree entry
+#: holds at most ~2,700 bytes (with its headers).
+IDEMPOTENCY_KEY_MAX_BYTES: Final = 2400
+#: Byte budget of a lock_key or partition_key: no index holds their text (the running and
+#: queued lock_key indexes hold its hashtext), so only sanity bounds them.
+KEY_MAX_BYTES: Final = 4000
 
-NAME_MAX_CHARS: Final = NAME_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 63
-KEY_MAX_CHARS: Final = KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 250
+NAME_MAX_CHARS: Final = NAME_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 200
+IDEMPOTENCY_KEY_MAX_CHARS: Final = IDEMPOTENCY_KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 600
+KEY_MAX_CHARS: Final = KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 1000
 
 #: int columns of the spec's DDL are 32-bit.
 INT32_MAX: Final = 2_147_483_647
@@ -78,8 +83,13 @@ def check_name(value: object) -> str:
 
 
 def check_key(value: object) -> str:
-    """A lock_key or idempotency_key."""
+    """A lock_key."""
     return check_text(value, KEY_MAX_CHARS)
+
+
+def check_idempotency_key(value: object) -> str:
+    """An idempotency_key."""
+    return check_text(value, IDEMPOTENCY_KEY_MAX_CHARS)
 
 
 def check_partition_key(value: object) -> str:
@@ -175,7 +185,7 @@ JOB_FIELD_CHECKS: Final[dict[str, Callable[[object], object]]] = {
     "task": check_name,
     "lock_key": check_key,
     "args": args_json,
-    "idempotency_key": check_key,
+    "idempotency_key": check_idempotency_key,
     "partition_key": check_partition_key,
     "priority": check_priority,
     "available_at": check_instant,

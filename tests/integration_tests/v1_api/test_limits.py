@@ -26,7 +26,7 @@ TEXT_FIELDS = {
     "producer": limits.NAME_MAX_CHARS,
     "consumer_group": limits.NAME_MAX_CHARS,
     "lock_key": limits.KEY_MAX_CHARS,
-    "idempotency_key": limits.KEY_MAX_CHARS,
+    "idempotency_key": limits.IDEMPOTENCY_KEY_MAX_CHARS,
     "partition_key": limits.KEY_MAX_CHARS,
 }
 

@@ -388,7 +388,7 @@ async def test_future_available_at_is_stored(
 async def test_the_longest_queue_name_fits_the_notification_that_wakes_its_workers(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:
-    """Queue names are capped at 63 characters: 252 bytes of UTF-8 at most, far below the
+    """Queue names are capped at 200 characters: 800 bytes of UTF-8 at most, far below the
     8000-byte NOTIFY payload limit that the spec's trigger sends them in."""
     queue = "\U0001d52e" * limits.NAME_MAX_CHARS  # 4 bytes each in UTF-8
     heard: asyncio.Queue[str] = asyncio.Queue()

@@ -35,6 +35,11 @@ def _text_schema(min_chars: int, max_chars: int) -> WithJsonSchema:
 
 Name = Annotated[str, _text_schema(1, limits.NAME_MAX_CHARS), AfterValidator(limits.check_name)]
 Key = Annotated[str, _text_schema(1, limits.KEY_MAX_CHARS), AfterValidator(limits.check_key)]
+IdempotencyKey = Annotated[
+    str,
+    _text_schema(1, limits.IDEMPOTENCY_KEY_MAX_CHARS),
+    AfterValidator(limits.check_idempotency_key),
+]
 PartitionKey = Annotated[
     str, _text_schema(0, limits.KEY_MAX_CHARS), AfterValidator(limits.check_partition_key)
 ]
@@ -80,7 +85,7 @@ class TriggerRequest(BaseModel):
     queue: Name
     task: Name
     args: JsonObject = Field(default_factory=dict)
-    idempotency_key: Key | None = None
+    idempotency_key: IdempotencyKey | None = None
     lock_key: Key
     partition_key: PartitionKey = ""
     priority: Priority = 100
