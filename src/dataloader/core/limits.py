@@ -73,7 +73,7 @@ def check_text(value: object, max_chars: int, *, allow_empty: bool = False) -> s
 def _storable(value: str) -> None:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
-    if _SURROGATE.search(value):
+    if not value.isascii() and _SURROGATE.search(value):  # ASCII has no surrogates (fast path)
         raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
 
 
@@ -142,9 +142,9 @@ def args_json(args: object) -> str:
         raise ValueError("NaN and Infinity are not valid JSON numbers") from None
     except (TypeError, RecursionError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    if _JSON_NUL.search(text):
+    if "\\u0000" in text and _JSON_NUL.search(text):
         raise ValueError("must not contain NUL characters")
-    if _SURROGATE.search(text):
+    if not text.isascii() and _SURROGATE.search(text):
         raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
     # Only text with enough brackets can be that deep: the walk is skipped for everyday args.
     if text.count("{") + text.count("[") > ARGS_MAX_DEPTH and _depth(args) > ARGS_MAX_DEPTH:
