@@ -15,6 +15,7 @@ from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -26,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from dataloader.core.limits import check_name
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
@@ -37,7 +39,7 @@ class WorkerSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    queue: Annotated[str, Field(min_length=1, max_length=200)]
+    queue: Annotated[str, AfterValidator(check_name)]  # a queue that can be triggered
     concurrency: Annotated[int, Field(ge=1, le=10_000)]
 
 

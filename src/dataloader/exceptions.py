@@ -4,6 +4,8 @@ DataloaderError
 ├── ConfigError             bad environment / settings: the service refuses to start
 ├── JobNotFound             no job with that id
 ├── InvalidJobArgs          task arguments rejected by the task's pydantic model
+├── InvalidJob              a new job's field out of bounds (also a ValueError)
+├── IdempotencyConflict     an idempotency_key already names a job with other fields
 ├── DatabaseUnavailable     PostgreSQL cannot be reached
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
@@ -13,6 +15,9 @@ NonRetryableError           raise from a pipeline: the job fails at once, no ret
 """
 
 from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
 
 
 class DataloaderError(Exception):
@@ -29,6 +34,30 @@ class JobNotFound(DataloaderError):
 
 class InvalidJobArgs(DataloaderError):
     """Task arguments do not match the task's declared model."""
+
+
+class InvalidJob(DataloaderError, ValueError):
+    """A field of a new job is out of bounds or unstorable; the message names the field and
+    the limit (see `dataloader.core.limits`)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class IdempotencyConflict(DataloaderError):
+    """A job was enqueued with an idempotency_key that already names a job whose fields
+    differ: the same key must always mean the same job."""
+
+    def __init__(self, idempotency_key: str, job_id: uuid.UUID, fields: Sequence[str]) -> None:
+        super().__init__(
+            f"idempotency_key {idempotency_key!r} already names job {job_id}, whose"
+            f" {', '.join(fields)} differ(s) from this request"
+        )
+        self.idempotency_key = idempotency_key
+        self.job_id = job_id
+        self.fields = tuple(fields)
 
 
 class DatabaseUnavailable(DataloaderError):

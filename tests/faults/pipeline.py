@@ -136,10 +136,10 @@ async def write_effect(pool: asyncpg.Pool, ctx: JobContext[WorkArgs]) -> None:
     """The job's one effect: fenced on this attempt owning the job, and written once."""
     async with pool.acquire() as conn, conn.transaction():
         owner = await conn.fetchrow(
-            "SELECT status::text AS status, claim_seq FROM dl_jobs WHERE job_id = $1 FOR UPDATE",
+            "SELECT status::text AS status, claim_token FROM dl_jobs WHERE job_id = $1 FOR SHARE",
             ctx.job_id,
         )
-        if owner is None or (owner["status"], owner["claim_seq"]) != ("running", ctx.claim_seq):
+        if owner is None or (owner["status"], owner["claim_token"]) != ("running", ctx.claim_token):
             await conn.execute(
                 "INSERT INTO fault_fenced_out (job_id, attempt, pid) VALUES ($1, $2, $3)",
                 ctx.job_id,

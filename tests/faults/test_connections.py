@@ -3,6 +3,8 @@ terminated by the server, and a pool much smaller than the worker slots."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from ..conftest import with_database
@@ -37,11 +39,40 @@ async def running_jobs(scenario: Scenario) -> int:
     return n
 
 
+#: Every connection of a service but the lock holder's (whose loss stops the jobs it locked).
+QUEUE_CONNECTIONS = """
+SELECT array_agg(pid) FROM pg_stat_activity
+WHERE datname = current_database()
+  AND application_name IN ('dataloader', 'dataloader-worker', 'dataloader-listener')
+"""
+
+
+async def test_connections_terminated_again_and_again_lose_no_finished_job(
+    scenario: Scenario,
+) -> None:
+    """Jobs with a single attempt while the services' connections are terminated every 0.4 s:
+    outcome writes that fail are retried with the lease kept alive, so no job that ran ends
+    `lost` or runs twice (40 jobs of 0.5 s, as an outage of 8 s)."""
+    replicas = await scenario.start(2, concurrency=8)
+    total = rounds(1)
+    for _ in range(total):
+        await scenario.enqueue(40, per_key=1, steps=5, step_sec=0.1, max_attempts=1)
+        for _ in range(20):
+            pids = set(await scenario.conn.fetchval(QUEUE_CONNECTIONS) or ())
+            await terminate(scenario, pids)
+            for replica in replicas:
+                scenario.hit(replica)
+            await asyncio.sleep(0.4)  # the fault's own rhythm, not a synchronisation
+    report = await scenario.check(total, await scenario.settle())
+    assert report.runs == report.jobs  # every job ran once: none reaped, none run again
+
+
 async def test_lock_connections_terminated_mid_job(scenario: Scenario) -> None:
     replicas = await scenario.start(2, concurrency=4)
     total = rounds(3)
     for _ in range(total):
-        await scenario.enqueue(40, steps=5, step_sec=0.05)
+        # A single attempt: a job cut off from its lock is handed back with a refund.
+        await scenario.enqueue(40, steps=5, step_sec=0.05, max_attempts=1)
         await wait_until(lambda: running_jobs(scenario), what="jobs to run")
         before = await backends(scenario, "dataloader-locks")
         assert len(before) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
+from dataloader.workers.base import QueueWorker
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.manager import WorkerManager
 from dataloader.workers.pipelines.registry import PipelineRegistry
@@ -76,14 +78,14 @@ class JobsApi:
             raise AssertionError(f"{exc}{self.describe_failure()}") from None
 
 
-def block_first_attempt(registry: PipelineRegistry, task: str) -> asyncio.Event:
-    """Register `task`: its first attempt blocks until cancelled (then sets the returned event),
-    later attempts return at once."""
+def block_first_run(registry: PipelineRegistry, task: str) -> asyncio.Event:
+    """Register `task`: its first run blocks until cancelled (then sets the returned event),
+    later runs return at once (whatever their attempt number: a refunded run keeps it)."""
     stopped = asyncio.Event()
 
     @registry.register(task)
     async def block(ctx: JobContext[dict[str, Any]]) -> None:
-        if ctx.attempt > 1:
+        if stopped.is_set():
             return
         try:
             await asyncio.Event().wait()
@@ -104,6 +106,17 @@ def pipeline_running(manager: WorkerManager, job_id: str) -> Callable[[], Awaita
     return probe
 
 
+async def claimed_since_now(worker: QueueWorker) -> None:
+    """Return once `worker` has answered a claim that started after this call."""
+    target = worker.claims_started + 1
+    worker.wake()
+
+    async def answered() -> bool:
+        return worker.claims_answered >= target
+
+    await wait_until(answered, what=f"a claim of {worker.queue}")
+
+
 async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
     """The kinds of a job's journal rows, oldest first."""
     rows = await conn.fetch(
@@ -111,6 +124,17 @@ async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
         str(job_id),
     )
     return [r["kind"] for r in rows]
+
+
+async def event_payloads(conn: asyncpg.Connection, job_id: str, kind: str) -> list[Any]:
+    """The payloads of a job's journal rows of one kind, oldest first."""
+    rows = await conn.fetch(
+        "SELECT payload::text FROM dl_job_events WHERE job_id = $1::text::uuid AND kind = $2"
+        " ORDER BY event_id",
+        str(job_id),
+        kind,
+    )
+    return [json.loads(r["payload"]) for r in rows]
 
 
 async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:

@@ -16,13 +16,13 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
-from .helpers import block_first_attempt, event_kinds, pipeline_running, wait_until
+from .helpers import block_first_run, event_kinds, event_payloads, pipeline_running, wait_until
 
 
 async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires(
     start_service: StartService, registry: PipelineRegistry, db_dsn: str
 ) -> None:
-    stopped = block_first_attempt(registry, "t.long")
+    stopped = block_first_run(registry, "t.long")
 
     service = await start_service()
     job_id = await service.trigger(task="t.long", lease_ttl_sec=2)
@@ -38,7 +38,13 @@ async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires
         await transaction.rollback()
         await blocker.close()
     body = await service.wait_status(job_id, "succeeded")
-    assert body["attempt"] == 2
+    assert body["attempt"] == 1  # stopped by our side, not by the job: the attempt is refunded
+    conn = await asyncpg.connect(db_dsn)
+    try:
+        journal = await event_payloads(conn, job_id, "requeue")
+    finally:
+        await conn.close()
+    assert [p["refunded"] for p in journal] == [True]
 
 
 async def test_args_validator_raising_a_type_error_fails_the_job_and_is_a_422(

@@ -21,13 +21,13 @@ RUNNING = 3000
 
 #: Statements that find their rows by primary key, with arguments of the right types.
 BY_PRIMARY_KEY: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "backoff": (queries.BACKOFF_JOB, (uuid.uuid4(), 1, 1.0, "w")),
-    "heartbeat": (queries.HEARTBEAT_JOBS, ([uuid.uuid4()], [1], [True], "w")),
-    "set_progress": (queries.SET_PROGRESS, (uuid.uuid4(), 1, "{}")),
-    "complete": (queries.COMPLETE_JOBS, ([uuid.uuid4()], [1], "w")),
-    "fail": (queries.FAIL_JOB, (uuid.uuid4(), 1, "boom", True, 1.0, "w")),
-    "cancel_running": (queries.CANCEL_RUNNING_JOB, (uuid.uuid4(), 1, "w")),
-    "release": (queries.RELEASE_JOB, (uuid.uuid4(), 1, False, "w", "lost")),
+    "backoff": (queries.BACKOFF_JOB, (uuid.uuid4(), uuid.uuid4(), 1.0, "w")),
+    "heartbeat": (queries.HEARTBEAT_JOBS, ([uuid.uuid4()], [uuid.uuid4()], [True], "w")),
+    "set_progress": (queries.SET_PROGRESS, (uuid.uuid4(), uuid.uuid4(), "{}")),
+    "complete": (queries.COMPLETE_JOBS, ([uuid.uuid4()], [uuid.uuid4()], "w")),
+    "fail": (queries.FAIL_JOB, (uuid.uuid4(), uuid.uuid4(), "boom", True, 1.0, "w")),
+    "cancel_running": (queries.CANCEL_RUNNING_JOB, (uuid.uuid4(), uuid.uuid4(), "w")),
+    "release": (queries.RELEASE_JOB, (uuid.uuid4(), uuid.uuid4(), False, "w", "lost", 3)),
     "cancel": (queries.CANCEL_JOB, (uuid.uuid4(),)),
 }
 
@@ -69,5 +69,5 @@ async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
     plan = await plan_of(stale_conn, queries.CLAIM_JOBS, "q", 10, "w")
-    assert "ix_dl_jobs_running_key" in plan
+    assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan

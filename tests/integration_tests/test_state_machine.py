@@ -4,7 +4,8 @@ Random sequences of everything that can happen to jobs — triggers, claims, com
 failures, cancels, releases, backoffs, heartbeats, progress, leases expiring and being reaped —
 including writes by *stale* claims (a claim that has since been reaped, failed, released,
 backed off or finished, as a zombie worker would send; a claim handed back with its attempt
-refunded leaves the next claim the same attempt number, but never the same `claim_seq`).
+refunded leaves the next claim the same attempt number, but never the same `claim_token`;
+refunds stop after a bounded number of hand-backs).
 After every step the whole queue is read back and compared with the step before:
 
 * every status change is a legal transition of the protocol (docs/protocol.md, States);
@@ -34,6 +35,8 @@ from dataloader.storage.repositories import ClaimedJob, JobRepository, NewJob
 
 T = TypeVar("T")
 WORKER = "state-machine-worker"
+#: Refunded hand-backs per job in these examples (small, so that the bound is reached).
+MAX_REFUNDS = 2
 FINAL = frozenset({"succeeded", "failed", "canceled", "lost"})
 LEGAL = frozenset(
     {
@@ -47,7 +50,8 @@ LEGAL = frozenset(
     }
 )
 SNAPSHOT = """
-SELECT job_id, status::text AS status, attempt, claim_seq, max_attempts, cancel_requested,
+SELECT job_id, status::text AS status, attempt, claim_seq, claim_token, handbacks,
+       max_attempts, cancel_requested,
        lock_key, lease_expires_at, finished_at, error, progress::text AS progress
 FROM dl_jobs WHERE queue = $1
 """
@@ -58,6 +62,8 @@ class Row:
     status: str
     attempt: int
     claim_seq: int
+    claim_token: uuid.UUID | None
+    handbacks: int
     max_attempts: int
     cancel_requested: bool
     lock_key: str
@@ -104,7 +110,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def current(self, claim: ClaimedJob) -> bool:
         """Whether `claim` is the job's live claim (so its fenced writes apply)."""
         row = self.rows[claim.job_id]
-        return row.status == "running" and row.claim_seq == claim.claim_seq
+        return row.status == "running" and row.claim_token == claim.claim_token
 
     def pick_claim(self, index: int) -> ClaimedJob:
         return self.claims[index % len(self.claims)]
@@ -138,6 +144,7 @@ class JobStateMachine(RuleBasedStateMachine):
             assert before.status == "queued", f"claimed a {before.status} job"
             assert job.attempt == before.attempt + 1
             assert job.claim_seq == before.claim_seq + 1
+            assert job.claim_token != before.claim_token
         assert len({job.lock_key for job in claimed}) == len(claimed)
         self.claims.extend(claimed)
 
@@ -146,7 +153,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def complete(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"succeeded"})
-        done = self.run(self.repo.complete_many([(claim.job_id, claim.claim_seq)], WORKER))
+        done = self.run(self.repo.complete_many([(claim.job_id, claim.claim_token)], WORKER))
         assert (claim.job_id in done) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -159,7 +166,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.run(
             self.repo.fail(
                 claim.job_id,
-                claim.claim_seq,
+                claim.claim_token,
                 "boom",
                 retryable=retryable,
                 retry_base_sec=0,
@@ -172,11 +179,17 @@ class JobStateMachine(RuleBasedStateMachine):
     def release(self, index: int, refund: bool) -> None:
         claim = self.pick_claim(index)
         row = self.rows[claim.job_id]
-        outcome = ended(row, refund or row.attempt < row.max_attempts, otherwise="lost")
+        refunded = refund and row.handbacks < MAX_REFUNDS
+        outcome = ended(row, refunded or row.attempt < row.max_attempts, otherwise="lost")
         self.expect_outcome(claim, {outcome})
         self.run(
             self.repo.release(
-                claim.job_id, claim.claim_seq, refund=refund, worker_id=WORKER, reason="test"
+                claim.job_id,
+                claim.claim_token,
+                refund=refund,
+                max_refunds=MAX_REFUNDS,
+                worker_id=WORKER,
+                reason="test",
             )
         )
 
@@ -186,22 +199,23 @@ class JobStateMachine(RuleBasedStateMachine):
         claim = self.pick_claim(index)
         outcome = "canceled" if self.rows[claim.job_id].cancel_requested else "queued"
         self.expect_outcome(claim, {outcome})
-        assert self.run(self.repo.backoff(claim, 0, WORKER)) == self.current(claim)
+        holder = self.run(self.repo.backoff(claim, 0, WORKER))
+        assert (holder is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000))
     def stop_on_cancel(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"canceled"})
-        done = self.run(self.repo.mark_canceled(claim.job_id, claim.claim_seq, WORKER))
-        assert done == self.current(claim)
+        done = self.run(self.repo.mark_canceled(claim.job_id, claim.claim_token, WORKER))
+        assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000), journal=st.booleans())
     def heartbeat(self, index: int, journal: bool) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.claim_seq, journal)], WORKER))
+        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.claim_token, journal)], WORKER))
         assert (claim.job_id in ours) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -209,7 +223,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def progress(self, index: int, step: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        answer = self.run(self.repo.set_progress(claim.job_id, claim.claim_seq, {"step": step}))
+        answer = self.run(self.repo.set_progress(claim.job_id, claim.claim_token, {"step": step}))
         assert (answer is not None) == self.current(claim)
 
     @precondition(lambda self: self.jobs)
@@ -311,7 +325,7 @@ async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
         await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
         assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
         (second,) = await repo.claim("q", 1, WORKER)
-        assert await repo.complete_many([(first.job_id, first.claim_seq)], WORKER) == set()
+        assert await repo.complete_many([(first.job_id, first.claim_token)], WORKER) == {}
         state = await repo.get(job.job_id)
         assert state is not None
         assert (state.status, state.attempt) == ("running", second.attempt)
@@ -332,14 +346,19 @@ async def test_a_claim_handed_back_with_a_refund_cannot_touch_the_next_claim(
         assert await repo.backoff(first, 0, WORKER)  # handed back, attempt refunded
         (second,) = await repo.claim("q", 1, WORKER)
         assert second.attempt == first.attempt  # the same attempt number...
-        assert second.claim_seq == first.claim_seq + 1  # ...but not the same claim
-        assert await repo.set_progress(job.job_id, first.claim_seq, {"late": True}) is None
-        assert await repo.heartbeat([(job.job_id, first.claim_seq, False)], WORKER) == {}
-        assert await repo.complete_many([(job.job_id, first.claim_seq)], WORKER) == set()
-        assert not await repo.mark_canceled(job.job_id, first.claim_seq, WORKER)
+        assert second.claim_token != first.claim_token  # ...but not the same claim
+        assert await repo.set_progress(job.job_id, first.claim_token, {"late": True}) is None
+        assert await repo.heartbeat([(job.job_id, first.claim_token, False)], WORKER) == {}
+        assert await repo.complete_many([(job.job_id, first.claim_token)], WORKER) == {}
+        assert await repo.mark_canceled(job.job_id, first.claim_token, WORKER) is None
         assert (
             await repo.release(
-                job.job_id, first.claim_seq, refund=True, worker_id=WORKER, reason="late"
+                job.job_id,
+                first.claim_token,
+                refund=True,
+                max_refunds=MAX_REFUNDS,
+                worker_id=WORKER,
+                reason="late",
             )
             is None
         )

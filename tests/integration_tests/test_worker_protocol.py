@@ -14,7 +14,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
-from .helpers import block_first_attempt, event_kinds, pipeline_running
+from .helpers import block_first_run, event_kinds, pipeline_running
 
 
 async def count(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -174,7 +174,7 @@ async def test_reaper_pass_handles_many_expired_leases_once_each(
 async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
     start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
 ) -> None:
-    stopped = block_first_attempt(registry, "t.forever")
+    stopped = block_first_run(registry, "t.forever")
 
     service = await start_service()
     job_id = await service.trigger(task="t.forever")
@@ -182,6 +182,7 @@ async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
     # Meanwhile the lease was reaped and another worker claimed attempt 2 (a new claim).
     await conn.execute(
         "UPDATE dl_jobs SET attempt = attempt + 1, claim_seq = claim_seq + 1,"
+        " claim_token = gen_random_uuid(),"
         " lease_expires_at = now() + interval '1 hour' WHERE job_id = $1",
         job_id,
     )
@@ -202,7 +203,7 @@ async def _not_running(service: Any, job_id: str) -> bool:
 async def test_lost_lock_connection_stops_the_pipeline_and_requeues_the_job(
     start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
 ) -> None:
-    stopped = block_first_attempt(registry, "t.hold")
+    stopped = block_first_run(registry, "t.hold")
 
     service = await start_service()
     job_id = await service.trigger(task="t.hold", lock_key="held-key")
@@ -213,7 +214,7 @@ async def test_lost_lock_connection_stops_the_pipeline_and_requeues_the_job(
     await conn.execute("SELECT pg_terminate_backend($1)", pid)
     await asyncio.wait_for(stopped.wait(), timeout=10)
     body = await service.wait_status(job_id, "succeeded")
-    assert body["attempt"] == 2  # requeued with the attempt it used, then run again
+    assert body["attempt"] == 1  # requeued with its attempt refunded (our side failed), run again
     assert locks.backend_pid not in (None, pid)  # reconnected
     await wait_until(
         lambda: _no_advisory_locks(conn), what="no advisory lock left once the job is done"

@@ -80,6 +80,11 @@ def test_workers_json_is_read_from_the_environment(monkeypatch: pytest.MonkeyPat
         pytest.param('{"queue": "a", "concurrency": 1}', "JSON list", id="object-not-list"),
         pytest.param('"default"', "JSON list", id="string-not-list"),
         pytest.param('[{"queue": "a", "concurrency": 1, "x": 1}]', "x", id="unknown-key"),
+        pytest.param(
+            '[{"queue": "' + "q" * 201 + '", "concurrency": 1}]',
+            "at most 200 characters",
+            id="queue-longer-than-a-trigger-accepts",
+        ),
     ],
 )
 def test_bad_workers_json_is_a_config_error_naming_it(value: str, mentions: str) -> None:

@@ -11,6 +11,7 @@ from fastapi_offline import FastAPIOffline
 
 from dataloader.api.auth import Authenticator
 from dataloader.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from dataloader.api.openapi import install_openapi
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
 from dataloader.api.v1.exceptions import install_exception_handlers
@@ -53,6 +54,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     install_exception_handlers(app)
+    install_openapi(app, secured=bool(settings.api_tokens))
     app.include_router(os_router)
     app.include_router(v1_router)
     return app

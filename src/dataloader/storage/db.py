@@ -35,6 +35,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    # asyncpg's protocol left in a bad state by a connection cut mid-statement ("cannot switch
+    # to state …"): that connection is unusable, another one works
+    asyncpg.InternalClientError,
     TimeoutError,
 )
 
@@ -71,12 +74,12 @@ async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Con
     return conn
 
 
-async def create_pool(
+def new_pool(
     dsn: str, size: int, application_name: str, timeout: float = DEFAULT_TIMEOUT_SEC
 ) -> Pool:
-    """The pool behind the API and the workers' short statements. Its connections must not be
-    left with session state (session advisory locks, LISTEN, SET): they are not reset."""
-    pool = await asyncpg.create_pool(
+    """A pool for the queue's short statements, opened by `await pool`. Its connections must
+    not be left with session state (session advisory locks, LISTEN, SET): they are not reset."""
+    pool: Pool = asyncpg.create_pool(
         dsn,
         min_size=1,
         max_size=size,
@@ -87,6 +90,15 @@ async def create_pool(
         command_timeout=timeout,
         server_settings={"application_name": application_name},
     )
+    return pool
+
+
+async def create_pool(
+    dsn: str, size: int, application_name: str, timeout: float = DEFAULT_TIMEOUT_SEC
+) -> Pool:
+    """The pool behind the API (and what pipelines are given), open."""
+    pool = new_pool(dsn, size, application_name, timeout)
+    await pool
     return pool
 
 

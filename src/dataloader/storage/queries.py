@@ -24,21 +24,22 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 # --- producers ---------------------------------------------------------------------------------
 
 #: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
-#: Returns no row on an idempotency conflict (then read the existing job with JOB_BY_IDEMPOTENCY).
+#: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
+#: $3 = args as JSON text: any asyncpg connection sends text, with or without a json codec.
 INSERT_JOB: Final = """
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group)
-    VALUES (gen_random_uuid(), $1, $2, $3::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9, $10,
-            $11, $12)
+    VALUES (gen_random_uuid(), $1, $2, $3::text::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9,
+            $10, $11, $12)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
 )
-SELECT job_id, status::text AS status, true AS created FROM ins
+SELECT job_id, status::text AS status FROM ins
 """
 
 #: Insert many jobs in one statement (arrays, one element per job; $1 = job ids chosen by the
@@ -67,15 +68,38 @@ WITH ins AS (
 SELECT job_id FROM ins
 """
 
-#: The jobs holding some idempotency keys.
+#: The jobs holding some idempotency keys, and which fields of the jobs asked for under those
+#: keys differ from theirs (arrays, one element per asked-for job, in INSERT_JOBS's order
+#: without the ids). "The same job" compares every field as it would be stored (a default is a
+#: value), except that an omitted (NULL) available_at, producer or consumer_group is no
+#: difference; a given available_at is compared with the one the job was queued with (its
+#: `queued` event), not with today's, which retries and backoffs move.
 JOBS_BY_IDEMPOTENCY: Final = """
-SELECT idempotency_key, job_id, status::text AS status FROM dl_jobs
-WHERE idempotency_key = ANY($1::text[])
-"""
-
-#: The job holding an idempotency key.
-JOB_BY_IDEMPOTENCY: Final = """
-SELECT job_id, status::text AS status, false AS created FROM dl_jobs WHERE idempotency_key = $1
+SELECT t.idempotency_key, j.job_id, j.status::text AS status,
+       array_remove(ARRAY[
+           CASE WHEN j.queue <> t.queue THEN 'queue' END,
+           CASE WHEN j.task <> t.task THEN 'task' END,
+           CASE WHEN j.args <> t.args::jsonb THEN 'args' END,
+           CASE WHEN j.lock_key <> t.lock_key THEN 'lock_key' END,
+           CASE WHEN j.partition_key <> t.partition_key THEN 'partition_key' END,
+           CASE WHEN j.priority <> t.priority THEN 'priority' END,
+           CASE WHEN t.available_at <> (
+                    SELECT (e.payload->>'available_at')::timestamptz FROM dl_job_events e
+                    WHERE e.job_id = j.job_id AND e.kind = 'queued'
+                    ORDER BY e.event_id LIMIT 1)
+                THEN 'available_at' END,
+           CASE WHEN j.max_attempts <> t.max_attempts THEN 'max_attempts' END,
+           CASE WHEN j.lease_ttl_sec <> t.lease_ttl_sec THEN 'lease_ttl_sec' END,
+           CASE WHEN j.producer IS DISTINCT FROM COALESCE(t.producer, j.producer)
+                THEN 'producer' END,
+           CASE WHEN j.consumer_group IS DISTINCT FROM COALESCE(t.consumer_group, j.consumer_group)
+                THEN 'consumer_group' END
+       ], NULL) AS differs
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+            $8::timestamptz[], $9::int[], $10::int[], $11::text[], $12::text[])
+     AS t(queue, task, args, idempotency_key, lock_key, partition_key, priority, available_at,
+          max_attempts, lease_ttl_sec, producer, consumer_group)
+JOIN dl_jobs j ON j.idempotency_key = t.idempotency_key
 """
 
 # --- readers -------------------------------------------------------------------------------
@@ -112,6 +136,13 @@ SELECT n_dead_tup AS dead_tuples, n_live_tup AS live_tuples,
 FROM pg_stat_user_tables WHERE relid = 'dl_jobs'::regclass
 """
 
+#: Waits caused by lock_key collisions under hashtext in the last hour (dl_wake_lock_waiter
+#: journals them; a partial index keeps this cheap however long the journal).
+RECENT_LOCK_COLLISIONS: Final = """
+SELECT count(*) FROM dl_job_events
+WHERE kind = 'lock_key_collision' AND ts > now() - interval '1 hour'
+"""
+
 #: A job's journal, oldest first.
 JOB_EVENTS: Final = """
 SELECT event_id, kind, ts, payload FROM dl_job_events WHERE job_id = $1 ORDER BY event_id
@@ -145,37 +176,40 @@ NOTIFY_CANCEL: Final = "SELECT pg_notify('dl_jobs_cancel', $1::text)"
 
 # --- workers: claim ----------------------------------------------------------------------------
 
-#: Claim up to $2 ready jobs of queue $1 (the spec's CTE, batched). Jobs whose lock_key is
-#: already running are skipped (they would only back off), and one job per lock_key is taken
-#: per batch. Journals `picked`. $3 = worker id.
+#: Claim up to $2 ready jobs of queue $1 (the spec's CTE, batched). Jobs whose lock_key hash is
+#: already running are skipped (they would only back off; keys that collide under hashtext wait
+#: in claim order like jobs of one key), and one job per hash is taken per batch. Each claim
+#: increments `claim_seq` and draws a new `claim_token`, the fence of every later write.
+#: Journals `picked`. $3 = worker id.
 CLAIM_JOBS: Final = """
 WITH candidates AS (
-    SELECT j.job_id, j.lock_key, j.priority, j.created_at
+    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = $1 AND j.available_at <= now()
-      -- A per-row probe of ix_dl_jobs_running_key. Wrapped in a scalar subquery on purpose:
-      -- a bare NOT EXISTS becomes an anti-join that may scan every running job.
+      -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
+      -- purpose: a bare NOT EXISTS becomes an anti-join that may scan every running job.
       AND NOT (SELECT EXISTS (
           SELECT 1 FROM dl_jobs r
-          WHERE (r.status = 'running') IS TRUE AND r.lock_key = j.lock_key))
+          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(j.lock_key)))
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT DISTINCT ON (lock_key) job_id FROM candidates ORDER BY lock_key, priority, created_at
+    SELECT DISTINCT ON (lock_hash) job_id FROM candidates ORDER BY lock_hash, priority, created_at
 ), claimed AS (
     UPDATE dl_jobs j
     SET status = 'running',
         started_at = COALESCE(j.started_at, now()),
         attempt = j.attempt + 1,
         claim_seq = j.claim_seq + 1,
+        claim_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec),
         heartbeat_at = now()
     FROM picked
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
-              j.lease_ttl_sec, j.cancel_requested, j.claim_seq
+              j.lease_ttl_sec, j.cancel_requested, j.claim_seq, j.claim_token
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', $3::text)
@@ -190,43 +224,65 @@ SELECT EXTRACT(EPOCH FROM min(available_at) - now())::float8 AS seconds
 FROM dl_jobs WHERE status = 'queued' AND queue = $1 AND available_at > now()
 """
 
-#: Busy lock_key: hand the job back for $3 seconds and refund the attempt (it never ran); a job
-#: whose cancel was requested meanwhile ends `canceled` instead.
+#: Busy lock_key: hand the job back, refunding the attempt (it never ran); a job whose cancel was
+#: requested meanwhile ends `canceled` instead. When it may run again depends on who holds the
+#: key's lock (`payload.holder`):
+#: * nobody any more (the holder ended meanwhile): at once;
+#: * a running job of the key's hash: at once too, because claims skip it while that job runs,
+#:   and that job's end wakes its queue (dl_wake_lock_waiter);
+#: * someone outside dataloader (another service sharing the lock space): after $3 seconds.
+#: $4 = worker id.
 BACKOFF_JOB: Final = """
-WITH upd AS (
+WITH holder AS (
+    SELECT CASE
+        WHEN pg_try_advisory_xact_lock(hashtext(j.lock_key)) THEN 'none'
+        WHEN EXISTS (SELECT 1 FROM dl_jobs r
+                     WHERE (r.status = 'running') IS TRUE
+                       AND hashtext(r.lock_key) = hashtext(j.lock_key) AND r.job_id <> j.job_id)
+            THEN 'running job'
+        ELSE 'outside dataloader' END AS holder
+    FROM dl_jobs j
+    WHERE j.job_id = $1 AND j.status::text = 'running' AND j.claim_token = $2
+), upd AS (
     UPDATE dl_jobs
     SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
                       ELSE 'queued'::dl_status END,
         attempt = attempt - 1,
-        available_at = now() + make_interval(secs => $3::float8),
+        available_at = CASE WHEN holder.holder = 'outside dataloader'
+                            THEN now() + make_interval(secs => $3::float8) ELSE now() END,
         lease_expires_at = NULL,
         finished_at = CASE WHEN cancel_requested THEN now() END,
         started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
         heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
-    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
-    RETURNING job_id, queue, status, attempt + 1 AS claimed_attempt
+    FROM holder
+    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
+    RETURNING job_id, queue, status, attempt + 1 AS claimed_attempt, available_at, holder.holder
 )
 INSERT INTO dl_job_events (job_id, queue, kind, payload)
 SELECT job_id, queue, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'backoff' END,
-       jsonb_build_object('attempt', claimed_attempt, 'worker', $4::text,
-                          'delay_sec', $3::float8)
+       jsonb_build_object('attempt', claimed_attempt, 'worker', $4::text, 'holder', holder,
+                          'retry_at', available_at)
 FROM upd
-RETURNING job_id
+RETURNING payload->>'holder' AS holder
 """
 
 # --- workers: while running --------------------------------------------------------------------
 
-#: Extend the leases of many running jobs at once ($1 ids, $2 claim_seq); journal a `heartbeat`
-#: for those flagged in $3 (throttled by the caller). Returns the jobs still ours and whether
-#: their cancel was requested; a missing job is no longer ours.
+#: Extend the leases of many running jobs at once ($1 ids, $2 claim tokens); journal a
+#: `heartbeat` for those flagged in $3 (throttled by the caller). Returns the jobs still ours,
+#: whether their cancel was requested, and whether their lease was extended. Rows locked by
+#: someone else (a pipeline fencing its own writes with FOR SHARE, an operator) are skipped, not
+#: waited for: one locked row must not hold up every other lease of the process. Such a job is
+#: still ours (it is reported with `extended` false) and is extended at a later beat. A job
+#: missing from the answer is no longer ours. FOR NO KEY UPDATE, like the UPDATE itself, does
+#: not conflict with the key-share locks of journal inserts.
 HEARTBEAT_JOBS: Final = """
 WITH mine AS (
     SELECT j.job_id, t.journal FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::bigint[], $3::bool[]) AS t(job_id, claim_seq, journal)
-      ON j.job_id = t.job_id AND j.claim_seq = t.claim_seq
+    JOIN unnest($1::uuid[], $2::uuid[], $3::bool[]) AS t(job_id, claim_token, journal)
+      ON j.job_id = t.job_id AND j.claim_token = t.claim_token
     WHERE j.status::text = 'running'
-    ORDER BY j.job_id
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), beat AS (
     UPDATE dl_jobs j
     SET heartbeat_at = now(),
@@ -238,40 +294,48 @@ WITH mine AS (
     SELECT job_id, queue, 'heartbeat', jsonb_build_object('attempt', attempt, 'worker', $4::text)
     FROM beat WHERE journal
 )
-SELECT job_id, cancel_requested FROM beat
+SELECT job_id, cancel_requested, true AS extended FROM beat
+UNION ALL
+SELECT j.job_id, j.cancel_requested, false AS extended FROM dl_jobs j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
+  ON j.job_id = t.job_id AND j.claim_token = t.claim_token
+WHERE j.status::text = 'running' AND j.job_id NOT IN (SELECT job_id FROM mine)
 """
 
 #: Store a running job's progress. Returns cancel_requested, or no row if the job is not ours.
 SET_PROGRESS: Final = """
 UPDATE dl_jobs SET progress = $3::jsonb
-WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
+WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
 RETURNING cancel_requested
 """
 
 # --- workers: finish ---------------------------------------------------------------------------
+# Every statement below that takes a job out of `running` calls dl_wake_lock_waiter for it
+# (migration 0006): the next job waiting for its lock_key is woken on whichever replica serves
+# its queue. Each returns whether that job had waited because of a lock_key collision.
 
-#: Success (spec §6.3) of many jobs at once ($1 ids, $2 their claims' claim_seq), fenced per
-#: job; clears the error text a failed earlier attempt left behind. Rows are locked in job_id
-#: order, as in HEARTBEAT_JOBS, so that concurrent batches cannot deadlock.
+#: Success (spec §6.3) of many jobs at once ($1 ids, $2 their claims' tokens), fenced per job;
+#: clears the error text a failed earlier attempt left behind. Rows are locked in job_id order so
+#: that concurrent batches cannot deadlock.
 COMPLETE_JOBS: Final = """
 WITH mine AS (
     SELECT j.job_id FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::bigint[]) AS t(job_id, claim_seq)
-      ON j.job_id = t.job_id AND j.claim_seq = t.claim_seq
+    JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
+      ON j.job_id = t.job_id AND j.claim_token = t.claim_token
     WHERE j.status::text = 'running'
     ORDER BY j.job_id
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j
 ), upd AS (
     UPDATE dl_jobs j
     SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, error = NULL
     FROM mine WHERE j.job_id = mine.job_id
-    RETURNING j.job_id, j.queue, j.attempt
+    RETURNING j.job_id, j.queue, j.attempt, j.lock_key
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
     FROM upd
 )
-SELECT job_id FROM upd
+SELECT job_id, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
 """
 
 #: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
@@ -289,17 +353,22 @@ WITH upd AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
                            THEN NULL ELSE now() END
-    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
-    RETURNING job_id, queue, status, attempt, available_at
+    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
+    RETURNING job_id, queue, status, attempt, available_at, lock_key
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue,
+           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
+                       ELSE 'failed' END,
+           jsonb_build_object('attempt', attempt, 'worker', $6::text, 'error', $3::text,
+                              'reason', 'error', 'retry_at', CASE WHEN status = 'queued'
+                                                              THEN available_at END)
+    FROM upd
 )
-INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue,
-       CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'failed' END,
-       jsonb_build_object('attempt', attempt, 'worker', $6::text, 'error', $3::text,
-                          'reason', 'error', 'retry_at', CASE WHEN status = 'queued'
-                                                          THEN available_at END)
+SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
+                   ELSE 'failed' END AS kind,
+       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
 FROM upd
-RETURNING kind
 """
 
 #: The pipeline stopped on a cancel request: `canceled`, fenced.
@@ -307,40 +376,55 @@ CANCEL_RUNNING_JOB: Final = """
 WITH upd AS (
     UPDATE dl_jobs
     SET status = 'canceled', finished_at = now(), lease_expires_at = NULL
-    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
-    RETURNING job_id, queue, attempt
+    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
+    RETURNING job_id, queue, attempt, lock_key
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'canceled', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+    FROM upd
 )
-INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue, 'canceled', jsonb_build_object('attempt', attempt, 'worker', $3::text)
-FROM upd
-RETURNING job_id
+SELECT 'canceled' AS kind, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
 """
 
 #: Hand a running job back to the queue, fenced. $3 = refund the attempt (the run was cut short
-#: by our own shutdown, not by the job); without a refund, a job on its last attempt is `lost`.
-#: $5 = reason for the journal.
+#: by the worker's side: its shutdown, its lost advisory lock, its lease it could not extend),
+#: honoured while the job has had fewer than $6 refunded hand-backs, so that a job that keeps
+#: bringing its process down still consumes its attempts. Without a refund, a job on its last
+#: attempt is `lost`. $5 = reason for the journal.
 RELEASE_JOB: Final = """
-WITH upd AS (
-    UPDATE dl_jobs
-    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
-                      WHEN $3 OR attempt < max_attempts THEN 'queued'::dl_status
+WITH cur AS (
+    SELECT job_id, cancel_requested, ($3 AND handbacks < $6) AS refund,
+           ($3 AND handbacks < $6) OR attempt < max_attempts AS requeue
+    FROM dl_jobs
+    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
+    FOR NO KEY UPDATE
+), upd AS (
+    UPDATE dl_jobs j
+    SET status = CASE WHEN cur.cancel_requested THEN 'canceled'::dl_status
+                      WHEN cur.requeue THEN 'queued'::dl_status
                       ELSE 'lost'::dl_status END,
-        attempt = CASE WHEN $3 THEN attempt - 1 ELSE attempt END,
+        attempt = CASE WHEN cur.refund THEN j.attempt - 1 ELSE j.attempt END,
+        handbacks = j.handbacks + cur.refund::int,
         available_at = now(),
         lease_expires_at = NULL,
-        finished_at = CASE WHEN cancel_requested OR NOT ($3 OR attempt < max_attempts)
-                           THEN now() END,
-        error = CASE WHEN NOT cancel_requested AND NOT ($3 OR attempt < max_attempts)
-                     THEN $5 ELSE error END
-    WHERE job_id = $1 AND status::text = 'running' AND claim_seq = $2
-    RETURNING job_id, queue, status, attempt
+        finished_at = CASE WHEN cur.cancel_requested OR NOT cur.requeue THEN now() END,
+        error = CASE WHEN NOT cur.cancel_requested AND NOT cur.requeue THEN $5 ELSE j.error END
+    FROM cur
+    WHERE j.job_id = cur.job_id
+    RETURNING j.job_id, j.queue, j.status, j.attempt, j.lock_key, cur.refund
+), ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue,
+           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
+                       ELSE 'lost' END,
+           jsonb_build_object('attempt', attempt, 'worker', $4::text, 'reason', $5::text,
+                              'refunded', refund)
+    FROM upd
 )
-INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue,
-       CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'lost' END,
-       jsonb_build_object('attempt', attempt, 'worker', $4::text, 'reason', $5::text)
+SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
+                   ELSE 'lost' END AS kind,
+       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
 FROM upd
-RETURNING kind
 """
 
 # --- reaper --------------------------------------------------------------------------------
@@ -367,7 +451,7 @@ WITH expired AS (
                      THEN 'lease expired on the last attempt' ELSE j.error END
     FROM expired
     WHERE j.job_id = expired.job_id
-    RETURNING j.job_id, j.queue, j.status, j.attempt
+    RETURNING j.job_id, j.queue, j.status, j.attempt, j.lock_key
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue,
@@ -375,7 +459,8 @@ WITH expired AS (
            jsonb_build_object('attempt', attempt, 'reaper', $2::text, 'reason', 'lease expired')
     FROM upd
 )
-SELECT job_id, status::text AS status FROM upd
+SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
+FROM upd
 """
 
 # --- advisory locks (on the lock-holding connection) --------------------------------------------
@@ -386,10 +471,23 @@ TRY_ADVISORY_LOCKS: Final = """
 SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest($1::bigint[]) AS h
 """
 
-#: Release session-level advisory locks, one per hash.
+#: Release session-level advisory locks, one level per hash.
 ADVISORY_UNLOCK: Final = (
     "SELECT count(*) FILTER (WHERE pg_advisory_unlock(h)) FROM unnest($1::bigint[]) AS h"
 )
+
+#: Release one level of each hash this session holds; returns the hashes released (a lock taken
+#: twice by the session needs two releases).
+ADVISORY_UNLOCK_HELD: Final = """
+SELECT h AS lock_hash FROM unnest($1::bigint[]) AS h WHERE pg_advisory_unlock(h)
+"""
+
+#: The one-key advisory locks this session holds (the key spaces of `hashtext(lock_key)`): the
+#: key is split in pg_locks into its high (classid) and low (objid) 32 bits.
+HELD_ADVISORY_LOCKS: Final = """
+SELECT (classid::bigint << 32) | objid::bigint AS lock_hash FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid() AND granted
+"""
 
 #: This session's identity: pid and start time (a pid alone may be reused).
 SESSION_IDENTITY: Final = """
@@ -408,9 +506,12 @@ PING: Final = "SELECT 1"
 
 # --- migrations ----------------------------------------------------------------------------
 
-#: Serialises migrations across replicas (session-level lock, key = hashtext of our name).
-MIGRATION_LOCK: Final = "SELECT pg_advisory_lock(hashtext('dataloader.migrate'))"
-MIGRATION_UNLOCK: Final = "SELECT pg_advisory_unlock(hashtext('dataloader.migrate'))"
+#: Serialises migrations across replicas: a session-level lock in the two-key space of advisory
+#: locks, which never meets the one-key space of jobs' `hashtext(lock_key)` (a user's lock_key
+#: that hashes like our name cannot block migrations, nor be blocked by them). Keys: a class
+#: number of dataloader's own internal locks (0x646c6f6b, "dlok" in ASCII), then the lock's.
+MIGRATION_LOCK: Final = "SELECT pg_advisory_lock(1684828011, 1)"
+MIGRATION_UNLOCK: Final = "SELECT pg_advisory_unlock(1684828011, 1)"
 
 CREATE_MIGRATIONS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS dl_schema_migrations (

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,8 @@ import asyncpg
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core import limits
+from dataloader.exceptions import IdempotencyConflict, InvalidJob
 from dataloader.storage import queries
 from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
 
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """What a producer asks for (spec §5 trigger input, plus optional per-job limits)."""
+    """What a producer asks for (spec §5 trigger input, plus optional per-job limits).
+
+    Checked when built, against the same bounds as the HTTP API (`dataloader.core.limits`):
+    a field out of bounds raises `InvalidJob` naming it, before anything is sent.
+    """
 
     queue: str
     task: str
@@ -41,6 +46,20 @@ class NewJob:
     lease_ttl_sec: int = 60
     producer: str | None = None
     consumer_group: str | None = None
+    #: `args` as JSON text, as checked and as sent (PostgreSQL casts it to jsonb).
+    args_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, check in limits.JOB_FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if value is None and name in limits.OPTIONAL_JOB_FIELDS:
+                continue
+            try:
+                checked = check(value)
+            except ValueError as exc:
+                raise InvalidJob(name, str(exc)) from None
+            if name == "args":
+                object.__setattr__(self, "args_json", checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +93,9 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
-    """A job this worker now runs; `claim_seq` fences every later write (unlike `attempt`, it
-    is never given to another claim, even when this one is handed back with a refund)."""
+    """A job this worker now runs; `claim_token` fences every later write (unlike `attempt`,
+    it is never given to another claim, even when this one is handed back with a refund, nor
+    after a failover that lost the last claims; `claim_seq` counts the job's claims)."""
 
     job_id: uuid.UUID
     queue: str
@@ -90,6 +110,26 @@ class ClaimedJob:
     lease_ttl_sec: int
     cancel_requested: bool
     claim_seq: int
+    claim_token: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat learnt of one job that is still ours."""
+
+    cancel_requested: bool
+    #: False when the row was locked by someone else: the lease was not extended this time.
+    extended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A fenced outcome write that found its job still ours."""
+
+    #: The journal kind written (done, requeue, failed, canceled, lost, backoff).
+    kind: str
+    #: Whether the job woken next had waited because its lock_key collides with this job's.
+    collision: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +167,10 @@ class JobRepository:
         try:
             await self._know_session(conn)
             yield conn
-        except (asyncio.CancelledError, TimeoutError):
-            # its statement may still be in flight, on a socket that may be half-open: close
-            # it, and end its session from the next connection (if it is still there)
+        except (asyncio.CancelledError, TimeoutError, asyncpg.InternalClientError):
+            # its statement may still be in flight, on a socket that may be half-open (or the
+            # driver lost track of it): close it, and end its session from the next connection
+            # (if it is still there)
             started = self._sessions.pop(conn.get_server_pid(), None)
             if started is not None:
                 self._abandoned.add(conn.get_server_pid(), started)
@@ -192,14 +233,16 @@ class JobRepository:
         return counts
 
     async def maintenance(self) -> dict[str, Any]:
-        """The queue table's dead rows and the oldest transaction that may keep vacuum from
-        removing them (None when no transaction is open)."""
+        """The queue table's dead rows, the oldest transaction that may keep vacuum from
+        removing them (None when no transaction is open), and recent lock_key collisions."""
         async with self._conn() as conn:
             table = await conn.fetchrow(queries.QUEUE_TABLE_HEALTH)
             oldest = await conn.fetchrow(queries.OLDEST_TRANSACTION)
+            collisions = await conn.fetchval(queries.RECENT_LOCK_COLLISIONS)
         return {
             "queue_table": dict(table) if table is not None else None,
             "oldest_transaction": dict(oldest) if oldest is not None else None,
+            "lock_key_collisions_last_hour": collisions,
         }
 
     async def cancel(self, job_id: uuid.UUID) -> JobState | None:
@@ -231,6 +274,7 @@ class JobRepository:
                 lease_ttl_sec=r["lease_ttl_sec"],
                 cancel_requested=r["cancel_requested"],
                 claim_seq=r["claim_seq"],
+                claim_token=r["claim_token"],
             )
             for r in rows
         ]
@@ -240,72 +284,84 @@ class JobRepository:
         value: float | None = await self._fetchval(queries.NEXT_DUE_IN, queue)
         return value
 
-    async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> bool:
-        """Busy lock: requeue after `delay_sec`, refunding the attempt. False if not ours."""
-        done = await self._fetchval(
-            queries.BACKOFF_JOB, job.job_id, job.claim_seq, delay_sec, worker_id
+    async def backoff(self, job: ClaimedJob, delay_sec: float, worker_id: str) -> str | None:
+        """Busy lock: requeue, refunding the attempt (see `queries.BACKOFF_JOB`). Returns who
+        holds the key (`none`, `running job`, `outside dataloader`), or None if not ours."""
+        holder: str | None = await self._fetchval(
+            queries.BACKOFF_JOB, job.job_id, job.claim_token, delay_sec, worker_id
         )
-        return done is not None
+        return holder
 
     async def heartbeat(
-        self, beats: Sequence[tuple[uuid.UUID, int, bool]], worker_id: str
-    ) -> dict[uuid.UUID, bool]:
-        """Extend leases of (job_id, claim_seq, journal?) triples; {job_id: cancel_requested}
-        for the jobs still ours."""
+        self, beats: Sequence[tuple[uuid.UUID, uuid.UUID, bool]], worker_id: str
+    ) -> dict[uuid.UUID, Beat]:
+        """Extend leases of (job_id, claim_token, journal?) triples; the jobs still ours."""
         if not beats:
             return {}
-        ids, claims, journal = zip(*beats, strict=True)
+        ids, tokens, journal = zip(*beats, strict=True)
         rows = await self._fetch(
-            queries.HEARTBEAT_JOBS, list(ids), list(claims), list(journal), worker_id
+            queries.HEARTBEAT_JOBS, list(ids), list(tokens), list(journal), worker_id
         )
-        return {r["job_id"]: r["cancel_requested"] for r in rows}
+        return {r["job_id"]: Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
     async def set_progress(
-        self, job_id: uuid.UUID, claim_seq: int, progress: dict[str, Any]
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, progress: dict[str, Any]
     ) -> bool | None:
         """Store progress; returns cancel_requested, or None when the job is not ours."""
-        value: bool | None = await self._fetchval(queries.SET_PROGRESS, job_id, claim_seq, progress)
+        value: bool | None = await self._fetchval(
+            queries.SET_PROGRESS, job_id, claim_token, progress
+        )
         return value
 
     async def complete_many(
-        self, jobs: Sequence[tuple[uuid.UUID, int]], worker_id: str
-    ) -> set[uuid.UUID]:
-        """Mark (job_id, claim_seq) pairs succeeded; returns the ids that were still ours."""
+        self, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]], worker_id: str
+    ) -> dict[uuid.UUID, Written]:
+        """Mark (job_id, claim_token) pairs succeeded; returns the jobs that were still ours."""
         if not jobs:
-            return set()
-        ids, claims = zip(*jobs, strict=True)
-        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(claims), worker_id)
-        return {row["job_id"] for row in rows}
+            return {}
+        ids, tokens = zip(*jobs, strict=True)
+        rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(tokens), worker_id)
+        return {row["job_id"]: Written("done", row["collision"]) for row in rows}
 
     async def fail(
         self,
         job_id: uuid.UUID,
-        claim_seq: int,
+        claim_token: uuid.UUID,
         error: str,
         *,
         retryable: bool,
         retry_base_sec: float,
         worker_id: str,
-    ) -> str | None:
-        """Retry or fail; returns the journal kind written (requeue/failed/canceled) or None."""
-        kind: str | None = await self._fetchval(
-            queries.FAIL_JOB, job_id, claim_seq, error, retryable, retry_base_sec, worker_id
+    ) -> Written | None:
+        """Retry or fail (requeue/failed/canceled); None when the job is not ours."""
+        row = await self._fetchrow(
+            queries.FAIL_JOB, job_id, claim_token, error, retryable, retry_base_sec, worker_id
         )
-        return kind
+        return _written(row)
 
-    async def mark_canceled(self, job_id: uuid.UUID, claim_seq: int, worker_id: str) -> bool:
-        """The pipeline honoured a cancel request."""
-        done = await self._fetchval(queries.CANCEL_RUNNING_JOB, job_id, claim_seq, worker_id)
-        return done is not None
+    async def mark_canceled(
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, worker_id: str
+    ) -> Written | None:
+        """The pipeline honoured a cancel request; None when the job is not ours."""
+        return _written(
+            await self._fetchrow(queries.CANCEL_RUNNING_JOB, job_id, claim_token, worker_id)
+        )
 
     async def release(
-        self, job_id: uuid.UUID, claim_seq: int, *, refund: bool, worker_id: str, reason: str
-    ) -> str | None:
-        """Hand a running job back (see `queries.RELEASE_JOB`); returns the journal kind."""
-        kind: str | None = await self._fetchval(
-            queries.RELEASE_JOB, job_id, claim_seq, refund, worker_id, reason
+        self,
+        job_id: uuid.UUID,
+        claim_token: uuid.UUID,
+        *,
+        refund: bool,
+        max_refunds: int,
+        worker_id: str,
+        reason: str,
+    ) -> Written | None:
+        """Hand a running job back (see `queries.RELEASE_JOB`); None when it is not ours."""
+        row = await self._fetchrow(
+            queries.RELEASE_JOB, job_id, claim_token, refund, worker_id, reason, max_refunds
         )
-        return kind
+        return _written(row)
 
     async def reap_expired(self, batch: int, reaper_id: str) -> list[tuple[uuid.UUID, str]]:
         """One reaper pass of at most `batch` jobs: [(job_id, new status)]."""
@@ -313,14 +369,20 @@ class JobRepository:
         return [(r["job_id"], r["status"]) for r in rows]
 
 
+def _written(row: Record | None) -> Written | None:
+    return None if row is None else Written(row["kind"], row["collision"])
+
+
 async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
-    """Insert `job` on `conn` (usable inside the caller's own transaction)."""
+    """Insert `job` on `conn` (usable inside the caller's own transaction), or return the job
+    that already holds its idempotency key if that job is the same (see
+    `queries.JOBS_BY_IDEMPOTENCY`); raise `IdempotencyConflict` if it is not."""
     while True:
         row = await conn.fetchrow(
             queries.INSERT_JOB,
             job.queue,
             job.task,
-            job.args,
+            job.args_json,
             job.idempotency_key,
             job.lock_key,
             job.partition_key,
@@ -331,28 +393,60 @@ async def enqueue(conn: AnyConnection, job: NewJob) -> EnqueueResult:
             job.producer,
             job.consumer_group,
         )
-        if row is None and job.idempotency_key is not None:
-            # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
-            # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
-            row = await conn.fetchrow(queries.JOB_BY_IDEMPOTENCY, job.idempotency_key)
         if row is not None:
-            return EnqueueResult(row["job_id"], JobStatus(row["status"]), row["created"])
+            return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
+        # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
+        # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
+        existing = await _holders(conn, [job])
+        if job.idempotency_key in existing:
+            return existing[job.idempotency_key]
 
 
 async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
     """Insert `jobs` on `conn` in one statement (usable inside the caller's transaction).
 
     A job whose idempotency_key already exists (or repeats one earlier in `jobs`) is not
-    inserted: its result is the job holding the key. Results come in input order.
+    inserted: its result is the job holding the key, if that job is the same; if it is not,
+    `IdempotencyConflict` is raised and nothing of the batch is written (the batch runs in a
+    transaction, a savepoint inside the caller's). Results come in input order.
     """
     if not jobs:
         return []
     ids = [uuid.uuid4() for _ in jobs]
-    columns = (
-        ids,
+    async with conn.transaction():
+        inserted = {
+            row["job_id"] for row in await conn.fetch(queries.INSERT_JOBS, ids, *_columns(jobs))
+        }
+        skipped = [j for j, i in zip(jobs, ids, strict=True) if i not in inserted]
+        existing = await _holders(conn, skipped) if skipped else {}
+    return [
+        EnqueueResult(job_id, JobStatus.QUEUED, True)
+        if job_id in inserted
+        else existing[job.idempotency_key]  # type: ignore[index]  # only keyed jobs are skipped
+        for job, job_id in zip(jobs, ids, strict=True)
+    ]
+
+
+async def _holders(conn: AnyConnection, jobs: Sequence[NewJob]) -> dict[str, EnqueueResult]:
+    """{idempotency key: the job holding it} for the keys of `jobs` (a key whose holder is
+    gone is missing); `IdempotencyConflict` for the first job whose fields differ from its
+    holder's."""
+    results = {}
+    for row in await conn.fetch(queries.JOBS_BY_IDEMPOTENCY, *_columns(jobs)):
+        if row["differs"]:
+            raise IdempotencyConflict(row["idempotency_key"], row["job_id"], row["differs"])
+        results[row["idempotency_key"]] = EnqueueResult(
+            row["job_id"], JobStatus(row["status"]), False
+        )
+    return results
+
+
+def _columns(jobs: Sequence[NewJob]) -> tuple[list[Any], ...]:
+    """The jobs' fields as one array per column, in the order of the statements' parameters."""
+    return (
         [j.queue for j in jobs],
         [j.task for j in jobs],
-        [json.dumps(j.args) for j in jobs],
+        [j.args_json for j in jobs],
         [j.idempotency_key for j in jobs],
         [j.lock_key for j in jobs],
         [j.partition_key for j in jobs],
@@ -363,21 +457,6 @@ async def enqueue_many(conn: AnyConnection, jobs: Sequence[NewJob]) -> list[Enqu
         [j.producer for j in jobs],
         [j.consumer_group for j in jobs],
     )
-    inserted = {row["job_id"] for row in await conn.fetch(queries.INSERT_JOBS, *columns)}
-    keys = [j.idempotency_key for j, i in zip(jobs, ids, strict=True) if i not in inserted]
-    existing: dict[str, tuple[uuid.UUID, JobStatus]] = {}
-    if keys:
-        for row in await conn.fetch(queries.JOBS_BY_IDEMPOTENCY, keys):
-            existing[row["idempotency_key"]] = (row["job_id"], JobStatus(row["status"]))
-    results = []
-    for job, job_id in zip(jobs, ids, strict=True):
-        if job_id in inserted:
-            results.append(EnqueueResult(job_id, JobStatus.QUEUED, True))
-        else:
-            assert job.idempotency_key is not None  # only a key conflict skips an insert
-            found_id, status = existing[job.idempotency_key]
-            results.append(EnqueueResult(found_id, status, False))
-    return results
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:
@@ -390,6 +469,20 @@ async def advisory_unlock(conn: Connection, lock_hashes: Sequence[int]) -> int:
     """Release session-level advisory locks; returns how many this session held."""
     released: int = await conn.fetchval(queries.ADVISORY_UNLOCK, list(lock_hashes))
     return released
+
+
+async def held_advisory_locks(conn: Connection) -> set[int]:
+    """The one-key advisory locks the session behind `conn` holds (each once, however many
+    times it took it)."""
+    return {r["lock_hash"] for r in await conn.fetch(queries.HELD_ADVISORY_LOCKS)}
+
+
+async def advisory_unlock_fully(conn: Connection, lock_hashes: Sequence[int]) -> None:
+    """Release every level of each hash (a session-level advisory lock taken twice needs two
+    releases); hashes the session does not hold are skipped."""
+    pending = list(lock_hashes)
+    while pending:
+        pending = [r["lock_hash"] for r in await conn.fetch(queries.ADVISORY_UNLOCK_HELD, pending)]
 
 
 async def session_identity(conn: Connection) -> tuple[int, datetime]:

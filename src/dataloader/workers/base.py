@@ -2,6 +2,8 @@
 
 claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
                                              └─ held ─► pipeline ─► unlock ─► finish
+
+Backoffs and outcomes are written by the completer, which retries them until they land.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class QueueWorker:
         self.idle = asyncio.Event()
         #: When (monotonic) the claim that last set `idle` started.
         self.idle_claim_started = 0.0
+        #: Claim statements started and answered (one at a time: the n-th answered is the n-th
+        #: started), for operators and tests.
+        self.claims_started = 0
+        self.claims_answered = 0
 
     @property
     def busy(self) -> int:
@@ -72,7 +78,9 @@ class QueueWorker:
             self._wakeup.clear()
             try:
                 claim_started = time.monotonic()
+                self.claims_started += 1
                 jobs = await self._rt.repo.claim(self.queue, free, self._rt.worker_id)
+                self.claims_answered += 1
                 if jobs or self._jobs:
                     self.idle.clear()
                 else:
@@ -99,9 +107,11 @@ class QueueWorker:
         """Lock each job's key; run those locked, back off the others."""
         try:
             locked = await self._rt.locks.try_lock(job.lock_hash for job in jobs)
-        except LockConnectionLost:
-            for job in jobs:  # nothing could be locked: give them back at once
-                await self._backoff(job, 0.0, "the lock connection is down")
+        except Exception as exc:  # nothing was locked: give them back at once
+            if not isinstance(exc, LockConnectionLost):
+                log.warning("locking %d job(s) failed: %r", len(jobs), exc)
+            for job in jobs:
+                await self._backoff(job, 0.0, f"the jobs could not be locked ({exc!r})")
             return
         busy: list[ClaimedJob] = []
         for job in jobs:  # no await in this loop: every lock taken gets its job started
@@ -116,14 +126,14 @@ class QueueWorker:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
 
     async def _backoff(self, job: ClaimedJob, delay: float, why: str) -> None:
-        """Hand a job that cannot run now back to the queue. If that write fails, the lease
-        expires and the reaper requeues the job."""
+        """Hand a job that cannot run now back to the queue (written by the completer, which
+        keeps its lease alive until then). `delay` applies only if the key turns out to be
+        held outside dataloader (see `queries.BACKOFF_JOB`)."""
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-            log.info("%s (%r); retrying the job in %.1fs", why, job.lock_key, delay)
-            try:
-                await self._rt.repo.backoff(job, delay, self._rt.worker_id)
-            except Exception as exc:
-                log.warning("could not hand the job back: %r", exc, exc_info=_unexpected(exc))
+            log.info("%s (%r); handing the job back", why, job.lock_key)
+        running = RunningJob(job)
+        self._rt.running[job.job_id] = running
+        await self._completer.finish(running, Outcome(Result.BACKOFF, why, delay_sec=delay))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
@@ -137,17 +147,16 @@ class QueueWorker:
         self._rt.job_started.set()
         if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
             running.lose("the lock connection was lost before the job started")
-        try:
-            with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-                log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
-                try:
-                    outcome = await self._run_pipeline(running)
-                except BaseException:
-                    await self._rt.locks.unlock([job.lock_hash])
-                    raise
-                await self._completer.finish(running, outcome)
-        finally:
-            self._rt.running.pop(job.job_id, None)
+        with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
+            log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
+            try:
+                outcome = await self._run_pipeline(running)
+            except BaseException:
+                self._rt.running.pop(job.job_id, None)
+                await self._rt.locks.unlock([job.lock_hash])
+                raise
+        # The completer takes the job out of the running set once its outcome is written.
+        await self._completer.finish(running, outcome)
 
     async def _run_pipeline(self, running: RunningJob) -> Outcome:
         job = running.job
@@ -157,7 +166,7 @@ class QueueWorker:
             return Outcome(Result.FAILED, f"no pipeline registered for task {job.task!r}")
         try:
             args = found.parse_args(job.args)
-            ctx = JobContext(job, args, app=self._rt.app, repo=self._rt.repo, state=running.state)
+            ctx = JobContext(job, args, app=self._rt.app, state=running.state)
             task: asyncio.Task[object] = asyncio.create_task(
                 found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}"
             )
@@ -177,8 +186,8 @@ def _outcome_of(running: RunningJob) -> Outcome:
     assert task is not None
     lost = running.state.lost_reason
     if task.cancelled():
-        if lost is not None:
-            return Outcome(Result.RELEASED, lost)
+        if lost is not None:  # our side failed the job (lock or lease): refunded, bounded
+            return Outcome(Result.RELEASED, lost, refund=True)
         if running.handback:
             return Outcome(Result.RELEASED, "worker shutting down", refund=True)
         return Outcome(Result.FAILED, "pipeline task was cancelled")
@@ -188,7 +197,7 @@ def _outcome_of(running: RunningJob) -> Outcome:
     if isinstance(exc, JobCanceled):
         return Outcome(Result.CANCELED)
     if isinstance(exc, JobLost):
-        return Outcome(Result.RELEASED, str(exc))
+        return Outcome(Result.RELEASED, str(exc), refund=True)
     text = _error_text(exc)
     log.warning("pipeline raised %s", text, exc_info=exc)
     return Outcome(Result.FAILED, text, retryable=not isinstance(exc, NonRetryableError))

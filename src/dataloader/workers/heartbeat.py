@@ -1,6 +1,8 @@
 """Batched heartbeat: one statement per period extends the leases of every job this process
-runs, learns of cancel requests, and finds jobs that are no longer ours (to stop them). It
-also probes the lock-holding connection, whose loss means every lock is gone."""
+runs or still has an outcome to write for, learns of cancel requests, and finds jobs that are
+no longer ours (to stop them). It runs on the workers' own connections, which pipelines cannot
+take, and never waits for a row someone else has locked. It also probes (and audits) the
+lock-holding connection, whose loss means every lock is gone."""
 
 from __future__ import annotations
 
@@ -64,7 +66,10 @@ class Heartbeat:
         now = time.monotonic()
         for r in list(self._rt.running.values()):
             margin = r.job.lease_ttl_sec * LEASE_MARGIN
-            if r.state.lost_reason is None and now - r.lease_extended_at > margin:
+            # A finished job has no pipeline to stop; its outcome write is fenced anyway.
+            if r.finished or r.state.lost_reason is not None:
+                continue
+            if now - r.lease_extended_at > margin:
                 log.error("job %s: lease not extended in time; stopping it", r.job.job_id)
                 r.lose("the lease could not be extended before it expired")
 
@@ -74,23 +79,29 @@ class Heartbeat:
         self._probe_locks()
 
     def _probe_locks(self) -> None:
-        """Ping the lock connection unless a ping is still out. In a task of its own, bounded
+        """Audit the lock connection unless an audit is still out. In a task of its own, bounded
         by the holder's own timeout (DL_DB_TIMEOUT_SEC), not by the beat's: only the holder's
         timeout marks a half-open connection lost and its server session for ending, and a
         silent lock connection must not hold up the leases' extension either."""
         if self._lock_probe is None or self._lock_probe.done():
-            self._lock_probe = asyncio.create_task(self._ping_locks(), name="lock-probe")
+            self._lock_probe = asyncio.create_task(self._audit_locks(), name="lock-probe")
 
-    async def _ping_locks(self) -> None:
+    async def _audit_locks(self) -> None:
         try:
-            await self._rt.locks.ping()
+            await self._rt.locks.audit()
         except LockConnectionLost:
             pass  # the holder has stopped the jobs it had locked, and reconnects
         except Exception as exc:  # the next beat probes again
             log.warning("lock connection probe failed: %r", exc)
 
     async def _extend_leases(self) -> None:
-        running = [r for r in self._rt.running.values() if r.state.lost_reason is None]
+        # Stopped pipelines still winding down are not extended (their release is on its way);
+        # finished jobs are, until their outcome is written.
+        running = [
+            r
+            for r in self._rt.running.values()
+            if not r.gone and (r.finished or r.state.lost_reason is None)
+        ]
         if not running:
             return
         now = time.monotonic()
@@ -99,15 +110,24 @@ class Heartbeat:
             journal = now - r.last_journaled >= JOURNAL_EVERY_SEC
             if journal:
                 r.last_journaled = now
-            beats.append((r.job.job_id, r.job.claim_seq, journal))
+            beats.append((r.job.job_id, r.job.claim_token, journal))
         alive = await self._rt.repo.heartbeat(beats, self._rt.worker_id)
         for r in running:
-            cancel = alive.get(r.job.job_id)
-            if cancel is None:
-                if self._rt.running.get(r.job.job_id) is r:  # not finished meanwhile
-                    log.warning("job %s is no longer ours; stopping it", r.job.job_id)
-                    r.lose("lease lost: the job was taken back by the reaper")
+            beat = alive.get(r.job.job_id)
+            if beat is None:
+                if self._rt.running.get(r.job.job_id) is r:  # its outcome not written meanwhile
+                    r.gone = True
+                    if not r.finished:
+                        log.warning("job %s is no longer ours; stopping it", r.job.job_id)
+                        r.lose("lease lost: the job was taken back by the reaper")
                 continue
-            r.lease_extended_at = now
-            if cancel:
+            if beat.extended:
+                r.lease_extended_at = now
+            elif now - r.lease_extended_at >= r.job.lease_ttl_sec / 3:  # not a passing lock
+                log.warning(
+                    "job %s: its row is locked by another session; lease not extended for %.0fs",
+                    r.job.job_id,
+                    now - r.lease_extended_at,
+                )
+            if beat.cancel_requested:
                 r.request_cancel()

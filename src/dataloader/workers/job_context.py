@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.exceptions import JobCanceled, JobLost
-from dataloader.storage.repositories import ClaimedJob, JobRepository
+from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.repositories import ClaimedJob
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
 
 ArgsT = TypeVar("ArgsT")
+
+#: Pauses before each new try of a progress write whose connection was lost.
+PROGRESS_RETRY_PAUSES_SEC = (0.05, 0.2, 0.5, 1.0)
 T = TypeVar("T")
 
 
@@ -43,13 +48,11 @@ class JobContext(Generic[ArgsT]):
         args: ArgsT,
         *,
         app: AppContext,
-        repo: JobRepository,
         state: RunState,
     ) -> None:
         self.job = job
         self.args = args
         self.app = app
-        self._repo = repo
         self._state = state
         self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
 
@@ -64,10 +67,20 @@ class JobContext(Generic[ArgsT]):
 
     @property
     def claim_seq(self) -> int:
-        """This run's fencing token: the job row's `claim_seq` while the run owns the job. A
-        pipeline writing elsewhere can fence its own writes on it (`status = 'running' AND
-        claim_seq = …` under the job row's lock); unlike `attempt`, no later run shares it."""
+        """How many times the job was claimed, this run included (informative: after a
+        failover to an asynchronous standby a number may be handed out again; fence on
+        `claim_token`)."""
         return self.job.claim_seq
+
+    @property
+    def claim_token(self) -> uuid.UUID:
+        """This run's fencing token: the job row's `claim_token` while the run owns the job,
+        drawn at random by each claim, so no other run ever shares it. A pipeline writing
+        elsewhere fences its own writes on it: in the transaction of those writes,
+        `SELECT 1 FROM dl_jobs WHERE job_id = … AND status = 'running' AND claim_token = …
+        FOR SHARE`, and write only if the row is there (FOR SHARE keeps the reaper from taking
+        the job until the transaction ends; keep such transactions shorter than the lease)."""
+        return self.job.claim_token
 
     @property
     def cancel_requested(self) -> bool:
@@ -81,9 +94,22 @@ class JobContext(Generic[ArgsT]):
             raise JobCanceled("cancel requested")
 
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
-        """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
+        """Replace the job's `progress` (any JSON object); also learns of a cancel request.
+
+        A connection lost on the way (a server restart, a terminated session) is retried a few
+        times on a new one: the write is idempotent, and a brief outage of the queue's
+        database is no fault of the job's."""
         value = {**(progress or {}), **fields}
-        cancel = await self._repo.set_progress(self.job.job_id, self.job.claim_seq, value)
+        for pause in (*PROGRESS_RETRY_PAUSES_SEC, None):
+            try:
+                cancel = await self.app.repo.set_progress(
+                    self.job.job_id, self.job.claim_token, value
+                )
+                break
+            except CONNECTION_ERRORS:
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
         if cancel is None:
             self._state.lost_reason = self._state.lost_reason or "job is no longer ours"
             raise JobLost(self._state.lost_reason)

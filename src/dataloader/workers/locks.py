@@ -8,6 +8,12 @@ job's pipeline may still be winding down, and no other job of this process may t
 meanwhile. Each reservation remembers which connection locked it, so an unlock reaches the
 server only for locks of the live connection (a later connection never held the old ones).
 
+A statement that fails part way (a server error: out of shared memory, a role's
+statement_timeout) leaves the session-level locks it already took: they survive the rollback.
+They are released at once, every level of them (they are re-entrant), and the connection is
+given up if even that fails; a periodic audit also releases any lock the session holds that no
+job of this process reserved. So no lock outlives its job on the server.
+
 If the connection is lost, every lock it held is gone: `on_lost` is called so the jobs can be
 stopped. A connection given up on while its server session may live on (no answer in time: a
 half-open socket) has that session ended by the next connection, so that its locks cannot
@@ -114,6 +120,11 @@ class LockHolder:
         try:
             result = await self._run(repositories.try_advisory_locks, wanted)
             got = {h for h, locked in result.items() if locked}
+        except LockConnectionLost:
+            raise
+        except Exception:
+            await self._release_fully(wanted, "a batched lock failed part way")
+            raise
         finally:
             for lock_hash in wanted:
                 if lock_hash not in got:
@@ -132,9 +143,24 @@ class LockHolder:
             with contextlib.suppress(LockConnectionLost):
                 await self._run(repositories.advisory_unlock, live)
 
-    async def ping(self) -> None:
-        """Check the connection end to end; a failure counts as losing it."""
-        await self._run(repositories.ping)
+    async def audit(self) -> None:
+        """Check the connection end to end (a failure counts as losing it), and release every
+        lock the session holds that no job of this process reserved."""
+        held = await self._run(repositories.held_advisory_locks)
+        leaked = sorted(held - set(self._held))
+        if leaked:
+            await self._release_fully(leaked, "held for no job of this process")
+
+    async def _release_fully(self, lock_hashes: list[int], why: str) -> None:
+        """Release every level of locks this process must not hold; if that fails too, give
+        the connection up (the server then frees all of its locks, and our jobs are stopped)."""
+        log.error("releasing %d advisory lock(s) %s", len(lock_hashes), why)
+        try:
+            await self._run(repositories.advisory_unlock_fully, lock_hashes)
+        except LockConnectionLost:
+            pass
+        except Exception as exc:
+            self._lose(f"could not release advisory locks ({why}): {exc!r}")
 
     async def maintain(self, stopping: asyncio.Event) -> None:
         """Keep the connection open: reconnect with backoff after a loss, until `stopping`."""

@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from dataloader.storage import db
+from dataloader.storage.repositories import JobRepository
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
 from dataloader.workers.heartbeat import Heartbeat
@@ -25,16 +27,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Largest size of the workers' own pool.
+WORKER_POOL_MAX = 8
+
 
 class WorkerManager:
     """All background work of one process."""
 
     def __init__(self, app: AppContext, registry: PipelineRegistry) -> None:
         settings: Settings = app.settings
+        # The workers' own pool (claims, heartbeats, outcome writes), apart from the pool the
+        # API and pipelines use: pipelines holding every connection of theirs cannot starve a
+        # lease or an outcome write. One connection per queue's claim loop, the heartbeat's
+        # and the completer's.
+        self._pool = db.new_pool(
+            app.dsn,
+            min(2 + len(settings.workers), WORKER_POOL_MAX),
+            "dataloader-worker",
+            settings.db_timeout_sec,
+        )
         self.runtime = WorkerRuntime(
             settings=settings,
             app=app,
-            repo=app.repo,
+            repo=JobRepository(self._pool, settings.db_timeout_sec),
             locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
             registry=registry,
             worker_id=new_worker_id(),
@@ -53,7 +68,7 @@ class WorkerManager:
             timeout=settings.db_timeout_sec,
         )
         self.heartbeat = Heartbeat(self.runtime)
-        self.reaper = Reaper(self.runtime.repo, settings.reaper_period_sec, self.runtime.worker_id)
+        self.reaper = Reaper(app.repo, settings.reaper_period_sec, self.runtime.worker_id)
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
         self._hurry = asyncio.Event()  # cut the grace period of `stop` short
@@ -66,9 +81,14 @@ class WorkerManager:
         return self.runtime.worker_id
 
     async def start(self) -> None:
-        """Open the lock connection and start every loop."""
+        """Open the workers' connections and start every loop."""
+        await self._pool
         locks = self.runtime.locks
-        await locks.connect()
+        try:
+            await locks.connect()
+        except BaseException:
+            await self._pool.close()
+            raise
         self._spawn("locks", locks.maintain(self._stop_all))
         self._spawn("listener", self.listener.run(self._stop_all))
         self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
@@ -88,9 +108,14 @@ class WorkerManager:
         )
 
     def hurry(self) -> None:
-        """End the grace period of a stop now: unfinished jobs are handed back at once.
-        Safe to call from a signal handler."""
-        self._loop.call_soon_threadsafe(self._hurry.set)
+        """End the grace period of a stop now: unfinished jobs are handed back at once, and
+        outcome writes still failing are given up. Safe to call from a signal handler."""
+        self._loop.call_soon_threadsafe(self._hurried)
+
+    def _hurried(self) -> None:
+        self._hurry.set()
+        if self._stop_claiming.is_set():  # stopping: failing outcome writes are given up too
+            self.completer.close(hurry=True)
 
     async def stop(self, timeout: float) -> None:
         """Stop claiming; let running jobs finish for `timeout` seconds (or until `hurry`);
@@ -121,6 +146,7 @@ class WorkerManager:
                     " connection and the reaper will requeue their jobs",
                     len(stuck),
                 )
+        self.completer.close(hurry=self._hurry.is_set())
         await self.completer.wait_flushed()
         self._stop_all.set()
         await asyncio.wait(self._tasks, timeout=5)
@@ -128,6 +154,7 @@ class WorkerManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runtime.locks.close()
+        await asyncio.wait_for(self._pool.close(), timeout=10)
         log.info("workers stopped")
 
     async def wait_idle(self) -> None:

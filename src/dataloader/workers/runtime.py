@@ -39,6 +39,10 @@ class RunningJob:
 
     task: asyncio.Task[object] | None = None
     handback: bool = False
+    #: The run is over and its outcome queued for writing (the lease is still kept alive).
+    finished: bool = False
+    #: The heartbeat found the job no longer ours (reaped): nothing of ours may be written.
+    gone: bool = False
     last_journaled: float = float("-inf")  # the first heartbeat of a run is journaled
     #: When (monotonic) the lease was last extended: the claim, then each heartbeat.
     lease_extended_at: float = field(default_factory=time.monotonic)
@@ -56,7 +60,7 @@ class RunningJob:
     def lose(self, reason: str) -> None:
         """The job is no longer ours: stop the pipeline now (once: a second cancel would cut
         short the pipeline's own clean-up of the first)."""
-        if self.state.lost_reason is not None:
+        if self.state.lost_reason is not None or self.finished:
             return
         self.state.lost_reason = reason
         if self.task is not None:
@@ -64,6 +68,8 @@ class RunningJob:
 
     def hand_back(self) -> None:
         """Shutdown: stop the pipeline and return the job to the queue."""
+        if self.finished:
+            return
         self.handback = True
         if self.task is not None:
             self.task.cancel()

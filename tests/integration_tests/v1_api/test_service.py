@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from dataloader.api.os_router import package_version
+from dataloader.core import limits
 
 from ..conftest import StartService, wait_until
 from ..helpers import event_kinds
@@ -52,8 +53,9 @@ async def test_trigger_status_cancel_of_a_queued_job(
     response = await api.client.post(TRIGGER_URL, json=VALID_TRIGGER)
     assert response.status_code == 200, response.text
     triggered = response.json()
-    assert set(triggered) == {"job_id", "status"}
+    assert set(triggered) == {"job_id", "status", "created"}
     assert triggered["status"] == "queued"
+    assert triggered["created"] is True
     job_id = triggered["job_id"]
     assert str(uuid.UUID(job_id)) == job_id
 
@@ -164,9 +166,78 @@ async def test_same_idempotency_key_returns_the_same_job(
     first = await api.client.post(TRIGGER_URL, json=body)
     second = await api.client.post(TRIGGER_URL, json=body)
     assert first.status_code == second.status_code == 200
-    assert first.json() == second.json()
+    assert first.json() == second.json() | {"created": True}
+    assert second.json()["created"] is False
     assert await count_rows(conn, "dl_jobs") == 1
     assert await count_rows(conn, "dl_job_events") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "fields"),
+    [
+        ({"args": {"day": "2024-01-02"}}, ["args"]),
+        ({"task": "demo.sleep", "args": {"seconds": 1}}, ["task", "args"]),
+        ({"lock_key": "other"}, ["lock_key"]),
+        ({"priority": 5}, ["priority"]),
+        ({"max_attempts": 1}, ["max_attempts"]),
+        ({"available_at": "2999-01-01T00:00:00+00:00"}, ["available_at"]),
+        ({"producer": "someone-else"}, ["producer"]),
+    ],
+    ids=[
+        "args",
+        "task-and-args",
+        "lock_key",
+        "priority",
+        "max_attempts",
+        "available_at",
+        "producer",
+    ],
+)
+async def test_same_idempotency_key_with_other_fields_is_409_naming_key_and_job(
+    start_service: StartService,
+    conn: asyncpg.Connection,
+    change: dict[str, Any],
+    fields: list[str],
+) -> None:
+    api = await start_service(run_workers=False)
+    body = VALID_TRIGGER | {"idempotency_key": "day-1", "args": {"day": "2024-01-01"}}
+    job_id = await api.trigger(**body, producer="etl")
+    response = await api.client.post(TRIGGER_URL, json=body | {"producer": "etl"} | change)
+    assert response.status_code == 409, response.text
+    answer = response.json()
+    assert (answer["idempotency_key"], answer["job_id"], answer["fields"]) == (
+        "day-1",
+        job_id,
+        fields,
+    )
+    assert "day-1" in answer["detail"]
+    assert job_id in answer["detail"]
+    assert await count_rows(conn, "dl_jobs") == 1
+    assert await count_rows(conn, "dl_job_events") == 1
+
+
+async def test_omitted_optional_fields_are_no_difference_and_available_at_is_the_asked_one(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """available_at is compared with the time the job was queued for, not with today's
+    (which a retry or a backoff moves); an omitted available_at, producer or consumer_group
+    differs from nothing."""
+    api = await start_service(run_workers=False)
+    due = "2999-01-02T03:04:05+03:00"
+    body = VALID_TRIGGER | {"idempotency_key": "k", "available_at": due, "producer": "etl"}
+    job_id = await api.trigger(**body)
+    # a backoff moved the job's available_at since
+    await conn.execute("UPDATE dl_jobs SET available_at = now() + interval '1 hour'")
+    same_instant = "2999-01-02T00:04:05Z"
+    for retry in (
+        body,
+        VALID_TRIGGER | {"idempotency_key": "k"},
+        body | {"available_at": same_instant},
+    ):
+        response = await api.client.post(TRIGGER_URL, json=retry)
+        assert response.status_code == 200, response.text
+        assert (response.json()["job_id"], response.json()["created"]) == (job_id, False)
+    assert await count_rows(conn, "dl_jobs") == 1
 
 
 async def test_concurrent_identical_triggers_create_one_job(
@@ -177,6 +248,7 @@ async def test_concurrent_identical_triggers_create_one_job(
     responses = await asyncio.gather(*(api.client.post(TRIGGER_URL, json=body) for _ in range(20)))
     assert [r.status_code for r in responses] == [200] * 20
     assert len({r.json()["job_id"] for r in responses}) == 1
+    assert [r.json()["created"] for r in responses].count(True) == 1
     assert await count_rows(conn, "dl_jobs") == 1
     queued_events = await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'queued'")
     assert queued_events == 1
@@ -318,7 +390,7 @@ async def test_the_longest_queue_name_fits_the_notification_that_wakes_its_worke
 ) -> None:
     """Queue names are capped at 200 characters: 800 bytes of UTF-8 at most, far below the
     8000-byte NOTIFY payload limit that the spec's trigger sends them in."""
-    queue = "\U0001d52e" * 200  # 4 bytes each in UTF-8
+    queue = "\U0001d52e" * limits.NAME_MAX_CHARS  # 4 bytes each in UTF-8
     heard: asyncio.Queue[str] = asyncio.Queue()
     await conn.add_listener("dl_jobs", lambda *args: heard.put_nowait(args[-1]))
     api = await start_service(run_workers=False)

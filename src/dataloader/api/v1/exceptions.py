@@ -12,7 +12,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from dataloader.exceptions import DatabaseUnavailable, InvalidJobArgs, JobNotFound
+from dataloader.exceptions import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidJobArgs,
+    JobNotFound,
+)
 from dataloader.storage.db import CONNECTION_ERRORS
 
 log = logging.getLogger(__name__)
@@ -20,6 +25,17 @@ log = logging.getLogger(__name__)
 
 async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+
+async def _conflict(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, IdempotencyConflict)
+    body = {
+        "detail": str(exc),
+        "idempotency_key": exc.idempotency_key,
+        "job_id": str(exc.job_id),
+        "fields": list(exc.fields),
+    }
+    return JSONResponse(status_code=409, content=body)
 
 
 async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
@@ -76,6 +92,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
+    app.add_exception_handler(IdempotencyConflict, _conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)
     for error in CONNECTION_ERRORS:

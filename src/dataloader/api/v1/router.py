@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.api.v1.schemas import (
     ErrorResponse,
+    IdempotencyConflictResponse,
     JobStatusResponse,
     TriggerRequest,
     TriggerResponse,
@@ -33,9 +34,21 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/trigger", response_model=TriggerResponse, dependencies=[requires(Scope.trigger)])
+@router.post(
+    "/trigger",
+    response_model=TriggerResponse,
+    responses={
+        400: {"model": ErrorResponse, "description": "The body could not be parsed"},
+        409: {
+            "model": IdempotencyConflictResponse,
+            "description": "The idempotency_key already names a job with other fields",
+        },
+    },
+    dependencies=[requires(Scope.trigger)],
+)
 async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
-    """Enqueue a job; the same `idempotency_key` always returns the same job."""
+    """Enqueue a job. The same `idempotency_key` with the same fields returns the same job
+    (`created: false`); with other fields it is a 409 naming the job and the fields."""
     return await service.trigger(body)
 
 

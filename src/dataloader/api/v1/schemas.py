@@ -2,62 +2,79 @@
 
 from __future__ import annotations
 
-import math
-import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+)
 
 from dataloader.base import JobStatus
-
-INT32_MAX = 2_147_483_647
-#: Deepest nesting accepted in `args` (PostgreSQL's jsonb accepts more; nobody needs it).
-MAX_ARGS_DEPTH = 64
-_SURROGATE = re.compile("[\ud800-\udfff]")
+from dataloader.core import limits
 
 
-def _no_nul(value: str) -> str:
-    """Reject what PostgreSQL text/jsonb cannot store: NUL, and lone UTF-16 surrogates
-    (JSON allows the escape "\\ud800"; it is not a character and UTF-8 cannot encode it)."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    if _SURROGATE.search(value):
-        raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
+def _text_schema(min_chars: int, max_chars: int) -> WithJsonSchema:
+    """The OpenAPI schema of a string field: the bounds its check (dataloader.core.limits)
+    enforces, so that the schema says exactly what is accepted."""
+    return WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": min_chars,
+            "maxLength": max_chars,
+            "pattern": limits.NO_NUL_PATTERN,
+        }
+    )
+
+
+Name = Annotated[str, _text_schema(1, limits.NAME_MAX_CHARS), AfterValidator(limits.check_name)]
+Key = Annotated[str, _text_schema(1, limits.KEY_MAX_CHARS), AfterValidator(limits.check_key)]
+IdempotencyKey = Annotated[
+    str,
+    _text_schema(1, limits.IDEMPOTENCY_KEY_MAX_CHARS),
+    AfterValidator(limits.check_idempotency_key),
+]
+PartitionKey = Annotated[
+    str, _text_schema(0, limits.KEY_MAX_CHARS), AfterValidator(limits.check_partition_key)
+]
+
+
+def _whole_number(value: object) -> object:
+    """A JSON integer, as JSON Schema counts them: 407.0 is one (JSON has one number type),
+    1.5, true and "5" are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
-def _in_range(value: datetime) -> datetime:
-    """Reject instants that have no UTC equivalent (e.g. 9999-12-31T23:59:59-14:00)."""
-    try:
-        value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("out of range once converted to UTC") from None
+WholeNumber = BeforeValidator(_whole_number)
+Priority = Annotated[
+    int, Field(strict=True, ge=limits.PRIORITY_MIN, le=limits.PRIORITY_MAX), WholeNumber
+]
+MaxAttempts = Annotated[
+    int, Field(strict=True, ge=limits.MAX_ATTEMPTS_MIN, le=limits.MAX_ATTEMPTS_MAX), WholeNumber
+]
+LeaseTtl = Annotated[
+    int, Field(strict=True, ge=limits.LEASE_TTL_MIN, le=limits.LEASE_TTL_MAX), WholeNumber
+]
+JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
+
+
+def _a_string(value: object) -> object:
+    """An instant arrives as an RFC 3339 string only, as the schema says: pydantic would also
+    take a number as seconds since 1970."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
     return value
 
 
-def _storable_json(value: Any, depth: int = 0) -> Any:
-    """Reject what jsonb cannot store: NUL in strings, NaN/Infinity; bound the nesting."""
-    if depth > MAX_ARGS_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_ARGS_DEPTH} levels")
-    if isinstance(value, str):
-        _no_nul(value)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("NaN and Infinity are not valid JSON numbers")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_nul(key)
-            _storable_json(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            _storable_json(item, depth + 1)
-    return value
-
-
-Text = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_no_nul)]
-Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+Instant = Annotated[AwareDatetime, BeforeValidator(_a_string), AfterValidator(limits.check_instant)]
 
 
 class TriggerRequest(BaseModel):
@@ -68,15 +85,15 @@ class TriggerRequest(BaseModel):
     queue: Name
     task: Name
     args: JsonObject = Field(default_factory=dict)
-    idempotency_key: Text | None = None
-    lock_key: Text
-    partition_key: Annotated[str, Field(max_length=1000), AfterValidator(_no_nul)] = ""
-    priority: Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)] = 100
-    available_at: Annotated[AwareDatetime, AfterValidator(_in_range)] | None = Field(
+    idempotency_key: IdempotencyKey | None = None
+    lock_key: Key
+    partition_key: PartitionKey = ""
+    priority: Priority = 100
+    available_at: Instant | None = Field(
         default=None, description="RFC 3339 with an offset; the job does not start before it."
     )
-    max_attempts: Annotated[int, Field(strict=True, ge=1, le=1000)] = 5
-    lease_ttl_sec: Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)] | None = Field(
+    max_attempts: MaxAttempts = 5
+    lease_ttl_sec: LeaseTtl | None = Field(
         default=None, description="Lease length; DL_DEFAULT_LEASE_TTL_SEC when omitted."
     )
     producer: Name | None = None
@@ -88,6 +105,10 @@ class TriggerResponse(BaseModel):
 
     job_id: uuid.UUID
     status: JobStatus
+    created: bool = Field(
+        description="Whether this call created the job (false: its idempotency_key already"
+        " named the same job, which is returned)."
+    )
 
 
 class JobStatusResponse(BaseModel):
@@ -113,3 +134,12 @@ class ErrorResponse(BaseModel):
     """Body of 4xx/5xx answers that are not validation errors."""
 
     detail: str
+
+
+class IdempotencyConflictResponse(BaseModel):
+    """409: the idempotency_key already names a job whose fields differ from the request."""
+
+    detail: str
+    idempotency_key: str
+    job_id: uuid.UUID = Field(description="The job that holds the key.")
+    fields: list[str] = Field(description="The fields that differ.")

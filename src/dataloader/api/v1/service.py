@@ -40,7 +40,7 @@ class JobsService:
                 consumer_group=request.consumer_group,
             )
         )
-        return TriggerResponse(job_id=result.job_id, status=result.status)
+        return TriggerResponse(job_id=result.job_id, status=result.status, created=result.created)
 
     async def status(self, job_id: uuid.UUID) -> JobStatusResponse:
         """The job's state; JobNotFound if there is none."""

@@ -1,0 +1,201 @@
+"""What a job may carry: the bounds and checks shared by the HTTP request schema and the
+library's `NewJob`, so that both refuse the same input with the same words. No I/O.
+
+Text is bounded so that PostgreSQL can always store and index it. Its limits are in bytes
+(a btree entry holds at most ~2,700 bytes; a NOTIFY payload, which carries the queue name,
+8,000), while a JSON Schema can only count characters. A character takes at most 4 bytes of
+UTF-8, so each field's limit is stated in characters as its byte budget / 4: the OpenAPI schema
+then says exactly what is accepted, and no accepted text, whatever its script, exceeds the
+budget. Text must also be storable at all: no NUL (PostgreSQL text cannot hold it) and no
+unpaired UTF-16 surrogate (JSON can spell one, UTF-8 cannot encode it).
+
+Every check raises `ValueError` with a message that names the limit, not the field: pydantic
+adds the field's location, `NewJob` its name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+#: The most bytes one character takes in UTF-8.
+UTF8_MAX_BYTES_PER_CHAR: Final = 4
+
+#: Byte budget of a name (queue, task, producer, consumer_group): the claim indexes hold the
+#: queue beside a few fixed-size columns, and the NOTIFY that wakes workers (8,000 bytes at
+#: most) carries it.
+NAME_MAX_BYTES: Final = 800
+#: Byte budget of an idempotency_key: its unique index holds the text itself, and a btree entry
+#: holds at most ~2,700 bytes (with its headers).
+IDEMPOTENCY_KEY_MAX_BYTES: Final = 2400
+#: Byte budget of a lock_key or partition_key: no index holds their text (the running and
+#: queued lock_key indexes hold its hashtext), so only sanity bounds them.
+KEY_MAX_BYTES: Final = 4000
+
+NAME_MAX_CHARS: Final = NAME_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 200
+IDEMPOTENCY_KEY_MAX_CHARS: Final = IDEMPOTENCY_KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 600
+KEY_MAX_CHARS: Final = KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 1000
+
+#: int columns of the spec's DDL are 32-bit.
+INT32_MAX: Final = 2_147_483_647
+PRIORITY_MIN, PRIORITY_MAX = 0, INT32_MAX
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
+LEASE_TTL_MIN, LEASE_TTL_MAX = 1, INT32_MAX
+#: Deepest nesting accepted in `args` (PostgreSQL's jsonb accepts more; nobody needs it).
+ARGS_MAX_DEPTH: Final = 64
+
+#: JSON Schema spelling of "no NUL character" (the surrogate rule cannot be spelt in one).
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A JSON `\u0000` escape (NUL), not an escaped backslash followed by "u0000".
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_text(value: object, max_chars: int, *, allow_empty: bool = False) -> str:
+    """`value` if it is storable text of 1 (or 0) to `max_chars` characters."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, not {type(value).__name__}")
+    if not value and not allow_empty:
+        raise ValueError("must not be empty")
+    if len(value) > max_chars:
+        raise ValueError(
+            f"must be at most {max_chars} characters"
+            f" ({max_chars * UTF8_MAX_BYTES_PER_CHAR} bytes of UTF-8), not {len(value)}"
+        )
+    _storable(value)
+    return value
+
+
+def _storable(value: str) -> None:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    if not value.isascii() and _SURROGATE.search(value):  # ASCII has no surrogates (fast path)
+        raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
+
+
+def check_name(value: object) -> str:
+    """A queue, task, producer or consumer_group name."""
+    return check_text(value, NAME_MAX_CHARS)
+
+
+def check_key(value: object) -> str:
+    """A lock_key."""
+    return check_text(value, KEY_MAX_CHARS)
+
+
+def check_idempotency_key(value: object) -> str:
+    """An idempotency_key."""
+    return check_text(value, IDEMPOTENCY_KEY_MAX_CHARS)
+
+
+def check_partition_key(value: object) -> str:
+    """A partition_key ('' is the spec's default)."""
+    return check_text(value, KEY_MAX_CHARS, allow_empty=True)
+
+
+def check_int(value: object, low: int, high: int) -> int:
+    """`value` if it is an int (not a bool) in [low, high]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"must be between {low} and {high}, not {value}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    return check_int(value, PRIORITY_MIN, PRIORITY_MAX)
+
+
+def check_max_attempts(value: object) -> int:
+    return check_int(value, MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX)
+
+
+def check_lease_ttl(value: object) -> int:
+    return check_int(value, LEASE_TTL_MIN, LEASE_TTL_MAX)
+
+
+def check_instant(value: object) -> datetime:
+    """An aware datetime that has a UTC equivalent (9999-12-31T23:59:59-14:00 has none)."""
+    if not isinstance(value, datetime):
+        raise ValueError(f"must be a datetime, not {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ValueError("must have a time zone offset")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once converted to UTC") from None
+    return value
+
+
+def args_json(args: object) -> str:
+    """`args` as the JSON text stored in jsonb, if jsonb can store it: an object, no NUL in any
+    string, no NaN/Infinity, at most ARGS_MAX_DEPTH levels deep."""
+    if not isinstance(args, dict):
+        raise ValueError(f"must be a JSON object (a dict), not {type(args).__name__}")
+    try:
+        text = json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise ValueError("NaN and Infinity are not valid JSON numbers") from None
+    except (TypeError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise ValueError("must not contain NUL characters")
+    if not text.isascii() and _SURROGATE.search(text):
+        raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
+    # Only text with enough brackets can be that deep: the walk is skipped for everyday args.
+    if text.count("{") + text.count("[") > ARGS_MAX_DEPTH and _depth(args) > ARGS_MAX_DEPTH:
+        raise ValueError(f"nested deeper than {ARGS_MAX_DEPTH} levels")
+    return text
+
+
+def check_args(args: object) -> dict[str, Any]:
+    """`args` if `args_json` accepts it."""
+    args_json(args)
+    assert isinstance(args, dict)  # args_json refuses anything else
+    return args
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of containers in `value` (a scalar is 0), iteratively: a Python
+    recursion would give up on what the limit is there to refuse."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > ARGS_MAX_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+#: The check of each `NewJob` field that has one (None is "not given" for the optional ones).
+JOB_FIELD_CHECKS: Final[dict[str, Callable[[object], object]]] = {
+    "queue": check_name,
+    "task": check_name,
+    "lock_key": check_key,
+    "args": args_json,
+    "idempotency_key": check_idempotency_key,
+    "partition_key": check_partition_key,
+    "priority": check_priority,
+    "available_at": check_instant,
+    "max_attempts": check_max_attempts,
+    "lease_ttl_sec": check_lease_ttl,
+    "producer": check_name,
+    "consumer_group": check_name,
+}
+
+#: Fields of `NewJob` that may be None.
+OPTIONAL_JOB_FIELDS: Final = frozenset(
+    {"idempotency_key", "available_at", "producer", "consumer_group"}
+)

@@ -1,0 +1,195 @@
+"""Leases and outcomes under trouble: outcome writes retried with the lease kept alive, a
+heartbeat no row lock or busy pipeline can stall, bounded refunds, fencing tokens that a
+failover cannot hand out twice."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from typing import Any
+
+import asyncpg
+
+from dataloader.storage.db import create_pool
+from dataloader.storage.repositories import JobRepository, NewJob
+from dataloader.workers.job_context import JobContext
+from dataloader.workers.pipelines.registry import PipelineRegistry
+
+from .conftest import StartService
+from .helpers import event_kinds, event_payloads, pipeline_running, wait_until
+from .test_lock_keys import gated
+
+WORKER = "test-worker"
+
+REFUSE_SUCCESS = """
+CREATE FUNCTION refuse_success() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'success refused for this test'; END $$;
+CREATE TRIGGER refuse_success BEFORE UPDATE ON dl_jobs
+FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION refuse_success();
+"""
+
+
+async def lease_expires_at(conn: asyncpg.Connection, job_id: str) -> Any:
+    return await conn.fetchval(
+        "SELECT lease_expires_at FROM dl_jobs WHERE job_id = $1::text::uuid", job_id
+    )
+
+
+async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """The job succeeded, then writing that failed again and again for longer than its lease:
+    the lease is kept alive meanwhile (the reaper would make a last attempt `lost`), and the
+    write lands once the database takes it."""
+    gate = gated(registry, "t.gated")
+    service = await start_service(reaper_period_sec=0.1)
+    job_id = await service.trigger(task="t.gated", max_attempts=1, lease_ttl_sec=1)
+    await wait_until(pipeline_running(service.manager, job_id), what="the job to run")
+    await conn.execute(REFUSE_SUCCESS)
+    first_lease = await lease_expires_at(conn, job_id)
+    gate.set()
+    completer = service.manager.completer
+
+    async def refused_past_the_first_lease() -> bool:
+        lease = await lease_expires_at(conn, job_id)
+        return completer.failed_writes >= 3 and lease > first_lease + dt.timedelta(seconds=1.5)
+
+    await wait_until(refused_past_the_first_lease, what="refusals outlasting the first lease")
+    assert (await service.status(job_id))["status"] == "running"  # not reaped
+    await conn.execute("DROP TRIGGER refuse_success ON dl_jobs")
+    body = await service.wait_status(job_id, "succeeded")
+    assert body["attempt"] == 1
+    assert await event_kinds(conn, job_id) == ["queued", "picked", "heartbeat", "done"]
+
+
+async def test_a_locked_row_does_not_stall_the_other_leases(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """Someone holds one running job's row (a pipeline fencing its own writes, an operator)
+    longer than a statement may wait: the heartbeat skips that row and extends the others."""
+    gate = gated(registry, "t.gated")
+    service = await start_service(db_timeout_sec=0.5)
+    held = await service.trigger(task="t.gated", lease_ttl_sec=10)
+    free = await service.trigger(task="t.gated", lease_ttl_sec=10)
+    for job_id in (held, free):
+        await wait_until(pipeline_running(service.manager, job_id), what="the jobs to run")
+    async with conn.transaction():
+        await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1::text::uuid FOR SHARE", held)
+        locked_at = await conn.fetchval("SELECT clock_timestamp()")
+
+        async def free_extended_past_the_timeout() -> bool:
+            beat = await asyncio.wait_for(_heartbeat_at(service.settings.db_dsn, free), 5)
+            return beat > locked_at + dt.timedelta(seconds=1.5)  # three statement timeouts later
+
+        await wait_until(free_extended_past_the_timeout, what="the other lease to be extended")
+    gate.set()
+    for job_id in (held, free):
+        body = await service.wait_status(job_id, "succeeded")
+        assert body["attempt"] == 1  # neither was stopped
+
+
+async def _heartbeat_at(dsn: str | None, job_id: str) -> Any:
+    assert dsn is not None
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(
+            "SELECT heartbeat_at FROM dl_jobs WHERE job_id = $1::text::uuid", job_id
+        )
+    finally:
+        await conn.close()
+
+
+async def test_pipelines_holding_every_pool_connection_do_not_starve_the_leases(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """Pipelines are given the queue's pool (`ctx.app.pool`); holding all of its connections
+    must not keep the heartbeat (or the outcome writes) from theirs."""
+    release = asyncio.Event()
+
+    @registry.register("t.hog")
+    async def hog(ctx: JobContext[dict[str, Any]]) -> None:
+        async with ctx.app.pool.acquire():
+            await release.wait()
+
+    service = await start_service(db_pool_size=2, db_timeout_sec=0.5)
+    jobs = [await service.trigger(task="t.hog", lease_ttl_sec=2) for _ in range(2)]
+    for job_id in jobs:
+        await wait_until(pipeline_running(service.manager, job_id), what="the hogs to run")
+    first_lease = await lease_expires_at(conn, jobs[0])
+
+    async def extended_past_the_first_lease() -> bool:
+        return await lease_expires_at(conn, jobs[0]) > first_lease + dt.timedelta(seconds=2)
+
+    await wait_until(extended_past_the_first_lease, what="the leases to be extended")
+    release.set()
+    for job_id in jobs:
+        body = await service.wait_status(job_id, "succeeded")
+        assert body["attempt"] == 1
+
+
+async def test_refunded_hand_backs_are_bounded(conn: asyncpg.Connection, db_dsn: str) -> None:
+    """A job that keeps being handed back (say it brings its process down at every run) is
+    refunded a bounded number of times; then each hand-back consumes an attempt, and on the
+    last one the job is `lost` rather than looping forever."""
+    pool = await create_pool(db_dsn, 2, "test")
+    try:
+        repo = JobRepository(pool)
+        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}, max_attempts=1))
+        kinds = []
+        for _ in range(4):
+            (claim,) = await repo.claim("q", 1, WORKER)
+            written = await repo.release(
+                claim.job_id,
+                claim.claim_token,
+                refund=True,
+                max_refunds=3,
+                worker_id=WORKER,
+                reason="worker shutting down",
+            )
+            assert written is not None
+            kinds.append(written.kind)
+        assert kinds == ["requeue", "requeue", "requeue", "lost"]
+        payloads = await event_payloads(conn, str(job.job_id), "requeue")
+        assert [p["refunded"] for p in payloads] == [True, True, True]
+        state = await repo.get(job.job_id)
+        assert state is not None
+        assert (state.status, state.attempt) == ("lost", 1)
+    finally:
+        await pool.close()
+
+
+async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
+    conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """After a failover to an asynchronous standby that never received a claim, the new primary
+    claims the job again from the same row: the same attempt and claim_seq come out, but not
+    the same claim_token, so the lost claim's process (still running) writes nothing."""
+    pool = await create_pool(db_dsn, 2, "test")
+    try:
+        repo = JobRepository(pool)
+        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+        before = await conn.fetchrow("SELECT * FROM dl_jobs WHERE job_id = $1", job.job_id)
+        (lost,) = await repo.claim("q", 1, WORKER)
+        # The failover: the row is back as the standby last saw it, before that claim.
+        await conn.execute(
+            "UPDATE dl_jobs SET status = 'queued', attempt = $2, claim_seq = $3,"
+            " claim_token = $4, started_at = NULL, heartbeat_at = NULL,"
+            " lease_expires_at = NULL WHERE job_id = $1",
+            job.job_id,
+            before["attempt"],
+            before["claim_seq"],
+            before["claim_token"],
+        )
+        (new,) = await repo.claim("q", 1, "new-primary-worker")
+        assert (new.attempt, new.claim_seq) == (lost.attempt, lost.claim_seq)
+        assert new.claim_token != lost.claim_token
+        assert await repo.complete_many([(job.job_id, lost.claim_token)], WORKER) == {}
+        assert await repo.set_progress(job.job_id, lost.claim_token, {"zombie": True}) is None
+        assert await repo.heartbeat([(job.job_id, lost.claim_token, False)], WORKER) == {}
+        state = await repo.get(job.job_id)
+        assert state is not None
+        assert (state.status, state.progress) == ("running", {})
+        assert uuid.UUID(str(new.claim_token)).version == 4
+    finally:
+        await pool.close()
