@@ -19,7 +19,7 @@ import pytest
 from dataloader.storage.migrate import load_migrations
 
 from .helpers import ADVISORY_LOCKS, schema_definitions, wait_until
-from .procs import DATALOADER_SCRIPT, Launcher, free_port, one_line, run_cli
+from .procs import DATALOADER_SCRIPT, Launcher, ServiceProcess, free_port, one_line, run_cli
 
 LATEST = max(m.version for m in load_migrations())
 SPEC_DDL = next(m for m in load_migrations() if m.version == 1).sql
@@ -151,18 +151,26 @@ async def test_a_killed_replicas_job_is_requeued_and_finished_by_another(
     assert kinds[-1] == "done"
 
 
-async def test_sigterm_hands_a_long_job_back_with_the_attempt_refunded(
-    launcher: Launcher, db_dsn: str, conn: asyncpg.Connection
-) -> None:
-    service = launcher.start(db_dsn, DL_SHUTDOWN_TIMEOUT_SEC="1")
+async def long_job_running(
+    launcher: Launcher, db_dsn: str, conn: asyncpg.Connection, shutdown_timeout_sec: int
+) -> tuple[ServiceProcess, str]:
+    """A service process running a ten-minute job that holds its advisory lock."""
+    service = launcher.start(db_dsn, DL_SHUTDOWN_TIMEOUT_SEC=str(shutdown_timeout_sec))
     await service.wait_healthy()
-    job_id = await service.trigger(task="demo.sleep", args={"seconds": 30, "chunks": 30})
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 600, "chunks": 600})
     await service.wait_status(job_id, "running")
 
     async def lock_held() -> bool:
         return await conn.fetchval(ADVISORY_LOCKS) == 1
 
     await wait_until(lock_held, timeout=10, what="the job's advisory lock")
+    return service, job_id
+
+
+async def test_sigterm_hands_a_long_job_back_with_the_attempt_refunded(
+    launcher: Launcher, db_dsn: str, conn: asyncpg.Connection
+) -> None:
+    service, job_id = await long_job_running(launcher, db_dsn, conn, shutdown_timeout_sec=1)
 
     started = time.monotonic()
     service.terminate()
@@ -217,15 +225,7 @@ async def test_stop_signal_lets_a_short_job_finish_and_exits_0(
 async def test_a_second_stop_signal_cuts_the_grace_short_and_still_hands_the_job_back(
     launcher: Launcher, db_dsn: str, conn: asyncpg.Connection, signum: int
 ) -> None:
-    service = launcher.start(db_dsn, DL_SHUTDOWN_TIMEOUT_SEC="120")
-    await service.wait_healthy()
-    job_id = await service.trigger(task="demo.sleep", args={"seconds": 600, "chunks": 600})
-    await service.wait_status(job_id, "running")
-
-    async def lock_held() -> bool:
-        return await conn.fetchval(ADVISORY_LOCKS) == 1
-
-    await wait_until(lock_held, timeout=10, what="the job's advisory lock")
+    service, job_id = await long_job_running(launcher, db_dsn, conn, shutdown_timeout_sec=120)
     # A request whose body never comes keeps the HTTP server draining its connections after the
     # first signal: the second one lands before the application's own shutdown has begun.
     answers, upload = await asyncio.open_connection("127.0.0.1", service.port)
