@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 
+from dataloader.api.live import LiveTasks, describe_known
 from dataloader.config import Settings
-from dataloader.exceptions import JobNotFound
+from dataloader.exceptions import JobNotFound, UnknownTask
 from dataloader.storage.repositories import JobRepository, JobState, NewJob
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
@@ -16,13 +17,27 @@ from .schemas import JobStatusResponse, TriggerRequest, TriggerResponse
 class JobsService:
     """Trigger, read and cancel jobs."""
 
-    def __init__(self, repo: JobRepository, registry: PipelineRegistry, settings: Settings) -> None:
+    def __init__(
+        self,
+        repo: JobRepository,
+        registry: PipelineRegistry,
+        settings: Settings,
+        live_tasks: LiveTasks,
+    ) -> None:
         self._repo = repo
         self._registry = registry
         self._settings = settings
+        self._live_tasks = live_tasks
 
     async def trigger(self, request: TriggerRequest) -> TriggerResponse:
-        """Idempotent enqueue; args are checked when the task is registered in this process."""
+        """Idempotent enqueue; args are checked when the task is registered in this process.
+        A task no live process knows is refused (UnknownTask) unless DL_ALLOW_UNKNOWN_TASKS:
+        a misspelt name would otherwise be retried for minutes before it failed."""
+        if not self._settings.allow_unknown_tasks and not await self._live_tasks.knows(
+            request.task
+        ):
+            known = describe_known(self._live_tasks.last_known or frozenset())
+            raise UnknownTask(request.task, known)
         self._registry.validate_args(request.task, request.args)
         result = await self._repo.enqueue(
             NewJob(
