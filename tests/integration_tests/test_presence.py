@@ -20,8 +20,6 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 from .conftest import StartService, wait_until
 from .v1_api.constants import STATUS_URL, TRIGGER_URL
 
-DEMO_TASKS = ["demo.fail", "demo.noop", "demo.sleep"]
-
 
 async def add_worker(
     conn: asyncpg.Connection,
@@ -64,7 +62,7 @@ async def test_a_process_registers_refreshes_and_deregisters_on_a_clean_stop(
         worker_id = runner.manager.worker_id
         row = (await rows(conn))[worker_id]  # registered before start returned
         assert json.loads(row["queues"]) == {"a": 2, "b": 1}
-        assert sorted(row["tasks"]) == DEMO_TASKS
+        assert sorted(row["tasks"]) == list(registry)
         first_seen = row["seen_at"]
 
         async def refreshed() -> bool:
@@ -107,7 +105,7 @@ async def test_a_stale_process_is_not_live_and_is_pruned_later(
 
 
 async def test_a_task_no_live_process_knows_is_refused_and_nothing_is_written(
-    start_service: StartService, conn: asyncpg.Connection
+    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
 ) -> None:
     api = await start_service()
     response = await api.client.post(
@@ -118,7 +116,7 @@ async def test_a_task_no_live_process_knows_is_refused_and_nothing_is_written(
     assert error["loc"] == ["body", "task"]
     assert error["type"] == "unknown_task"
     assert "'demo.nop'" in error["msg"]
-    assert "known: demo.fail, demo.noop, demo.sleep" in error["msg"]
+    assert f"known: {', '.join(registry)}" in error["msg"]
     assert "DL_ALLOW_UNKNOWN_TASKS" in error["msg"]
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
     assert await conn.fetchval("SELECT count(*) FROM dl_job_events") == 0
@@ -219,16 +217,16 @@ def task_schema(openapi: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_the_schema_lists_the_tasks_live_processes_know(
-    start_service: StartService, conn: asyncpg.Connection
+    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
 ) -> None:
     api = await start_service()
-    assert task_schema((await api.client.get("/openapi.json")).json())["enum"] == DEMO_TASKS
+    assert task_schema((await api.client.get("/openapi.json")).json())["enum"] == list(registry)
 
     await add_worker(conn, "other", {"etl": 1}, ["etl.load", "x" * 64])  # too long to trigger
 
     async def with_etl() -> bool:
         schema = task_schema((await api.client.get("/openapi.json")).json())
-        return bool(schema["enum"] == ["demo.fail", "demo.noop", "demo.sleep", "etl.load"])
+        return bool(schema["enum"] == sorted([*registry, "etl.load"]))
 
     await wait_until(with_etl, timeout=5, what="the schema rebuilt with etl.load")
 
