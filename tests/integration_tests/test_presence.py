@@ -236,3 +236,15 @@ async def test_with_the_opt_out_the_schema_lists_no_tasks(start_service: StartSe
     schema = task_schema((await api.client.get("/openapi.json")).json())
     assert "enum" not in schema
     assert schema["type"] == "string"
+
+
+async def test_args_are_checked_as_the_schema_states_them(start_service: StartService) -> None:
+    """The schema gives each locally registered task's args its model as JSON Schema; the
+    trigger refuses what that refuses (pydantic's lax mode would take `false` as 0)."""
+    api = await start_service()
+    for args in ({"seconds": False}, {"seconds": "1"}, {"seconds": 1, "chunks": True}):
+        body = {"queue": "default", "task": "demo.sleep", "lock_key": "k", "args": args}
+        response = await api.client.post(TRIGGER_URL, json=body)
+        assert response.status_code == 422, (args, response.text)
+        assert response.json()["detail"][0]["loc"] == ["body", "args"]
+    await api.trigger(task="demo.sleep", args={"seconds": 0, "chunks": 2.0})
