@@ -176,6 +176,18 @@ class Settings(BaseSettings):
         description="/status warns of a transaction open longer than this: it keeps vacuum"
         " from removing the queue table's dead rows.",
     )
+    presence_period_sec: float = Field(
+        default=5,
+        gt=0,
+        le=3600,
+        description="How often a process refreshes its row of live workers (dl_workers); it"
+        " counts as live while refreshed within three periods.",
+    )
+    allow_unknown_tasks: bool = Field(
+        default=False,
+        description="Accept triggers of tasks no live process knows (a rolling deploy whose"
+        " new tasks are not running yet); by default they are refused with 422.",
+    )
 
     api_tokens: Annotated[list[ApiToken], NoDecode] = Field(
         default_factory=list,

@@ -6,6 +6,7 @@ DataloaderError
 ├── InvalidJobArgs          task arguments rejected by the task's pydantic model
 ├── InvalidJob              a new job's field out of bounds (also a ValueError)
 ├── IdempotencyConflict     an idempotency_key already names a job with other fields
+├── UnknownTask             a trigger names a task no live process knows (HTTP only)
 ├── DatabaseUnavailable     PostgreSQL cannot be reached
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
@@ -58,6 +59,17 @@ class IdempotencyConflict(DataloaderError):
         self.idempotency_key = idempotency_key
         self.job_id = job_id
         self.fields = tuple(fields)
+
+
+class UnknownTask(DataloaderError):
+    """A trigger names a task that no live process knows (see DL_ALLOW_UNKNOWN_TASKS)."""
+
+    def __init__(self, task: str, known: str) -> None:
+        super().__init__(
+            f"task {task!r} is not known to any live process ({known}); set"
+            " DL_ALLOW_UNKNOWN_TASKS=true to accept it anyway (e.g. during a rolling deploy)"
+        )
+        self.task = task
 
 
 class DatabaseUnavailable(DataloaderError):

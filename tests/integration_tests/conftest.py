@@ -91,6 +91,10 @@ async def start_service(
     async with AsyncExitStack() as stack:
 
         async def start(*, run_workers: bool = True, **overrides: Any) -> Service:
+            # A service without workers stands for an API replica whose workers are elsewhere
+            # and not part of the test: it accepts tasks no live process knows, unless the
+            # test says otherwise (the check itself is tested in test_presence.py).
+            overrides.setdefault("allow_unknown_tasks", not run_workers)
             settings = make_settings(**overrides)
             app = create_app(settings, registry, run_workers=run_workers)
             await stack.enter_async_context(app.router.lifespan_context(app))

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from dataloader.api.auth import Authenticator
+from dataloader.api.live import LiveTasks
 from dataloader.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from dataloader.api.openapi import install_openapi
 from dataloader.api.os_router import package_version
@@ -19,6 +20,7 @@ from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Settings
 from dataloader.runner import Runner
+from dataloader.storage.presence import PresenceStore
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
@@ -31,12 +33,16 @@ def create_app(
 ) -> FastAPI:
     """Build the service. `run_workers=False` serves the API only."""
     pipelines = registry if registry is not None else default_registry
+    live_tasks = LiveTasks()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Runner(settings, pipelines, run_workers=run_workers) as runner:
             app.state.app_context = runner.context
-            app.state.jobs_service = JobsService(runner.repo, pipelines, settings)
+            presence = PresenceStore(runner.context.pool, settings.db_timeout_sec)
+            live_tasks.store = presence
+            app.state.presence = presence
+            app.state.jobs_service = JobsService(runner.repo, pipelines, settings, live_tasks)
             app.state.manager = runner.manager
             yield
 
@@ -54,7 +60,12 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     install_exception_handlers(app)
-    install_openapi(app, secured=bool(settings.api_tokens))
+    install_openapi(
+        app,
+        secured=bool(settings.api_tokens),
+        live_tasks=None if settings.allow_unknown_tasks else live_tasks,
+        registry=pipelines,
+    )
     app.include_router(os_router)
     app.include_router(v1_router)
     return app

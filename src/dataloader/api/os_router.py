@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
 from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.presence import LiveWorker
 
 router = APIRouter(tags=["infra"], route_class=AuthorizedRoute)
 
@@ -32,7 +33,9 @@ async def health() -> dict[str, str]:
 
 @router.get("/status", dependencies=[requires(Scope.read)], responses=AUTH_ERRORS)
 async def status(request: Request) -> JSONResponse:
-    """Database reachability, job counts per queue and status, and this process's workers."""
+    """Database reachability, job counts per queue and status, this process's workers, the
+    live processes (`live_workers`), and warnings (queues with ready jobs that no live process
+    serves, a transaction keeping vacuum from the queue table)."""
     state = request.app.state
     body: dict[str, Any] = {
         "version": package_version(),
@@ -47,6 +50,8 @@ async def status(request: Request) -> JSONResponse:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
             counts = await repo.queue_counts()
             maintenance = await repo.maintenance()
+            live = await state.presence.live_workers()
+            ready = await state.presence.ready_queues()
     except TimeoutError:
         # slow (a huge table, a lock) or unreachable: say which we know
         body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
@@ -54,9 +59,41 @@ async def status(request: Request) -> JSONResponse:
     except CONNECTION_ERRORS:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
-    warnings = _vacuum_warnings(maintenance, state.app_context.settings.long_transaction_sec)
-    body.update(status="ok", database="ok", queues=counts, **maintenance, warnings=warnings)
+    warnings = _unserved_warnings(ready, live) + _vacuum_warnings(
+        maintenance, state.app_context.settings.long_transaction_sec
+    )
+    body.update(
+        status="ok",
+        database="ok",
+        queues=counts,
+        live_workers=[_live_worker(worker) for worker in live],
+        **maintenance,
+        warnings=warnings,
+    )
     return JSONResponse(content=jsonable_encoder(body))
+
+
+def _live_worker(worker: LiveWorker) -> dict[str, Any]:
+    return {
+        "worker_id": worker.worker_id,
+        "host": worker.host,
+        "pid": worker.pid,
+        "version": worker.version,
+        "queues": worker.queues,
+        "tasks": worker.tasks,
+        "started_at": worker.started_at,
+        "seen_ago_sec": round(worker.seen_ago_sec, 3),
+    }
+
+
+def _unserved_warnings(ready: list[str], live: list[LiveWorker]) -> list[str]:
+    """Queues with ready jobs that no live process serves: they would wait forever."""
+    served = {queue for worker in live for queue in worker.queues}
+    return [
+        f"queue {queue!r} has ready jobs and no live worker serves it"
+        for queue in ready
+        if queue not in served
+    ]
 
 
 def _vacuum_warnings(maintenance: dict[str, Any], limit_sec: float) -> list[str]:

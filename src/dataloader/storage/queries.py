@@ -504,6 +504,63 @@ SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backen
 #: Liveness probe of a dedicated connection.
 PING: Final = "SELECT 1"
 
+# --- live workers (presence) ----------------------------------------------------------------
+
+#: Record this process ($1 worker id, $2 host, $3 pid, $4 version, $5 {queue: concurrency},
+#: $6 task names, $7 refresh period in seconds) or refresh its row; the same statement prunes
+#: rows of other processes not seen for $8 seconds (processes that died without deregistering).
+#: A process whose row was pruned while it was frozen comes back at its next refresh.
+UPSERT_WORKER: Final = """
+WITH pruned AS (
+    DELETE FROM dl_workers
+    WHERE seen_at < now() - make_interval(secs => $8::float8) AND worker_id <> $1
+)
+INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec)
+VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text[], $7)
+ON CONFLICT (worker_id) DO UPDATE
+SET queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, period_sec = EXCLUDED.period_sec,
+    seen_at = now()
+"""
+
+#: A clean stop: this process serves nothing any more.
+DELETE_WORKER: Final = "DELETE FROM dl_workers WHERE worker_id = $1"
+
+#: Live processes (refreshed within three of their own periods, on the database's clock: one
+#: late refresh is no death), with how long ago each was seen.
+LIVE_WORKERS: Final = """
+SELECT worker_id, host, pid, version, queues::text AS queues, tasks, started_at,
+       EXTRACT(EPOCH FROM now() - seen_at)::float8 AS seen_ago_sec
+FROM dl_workers
+WHERE seen_at > now() - make_interval(secs => 3 * period_sec)
+ORDER BY worker_id
+"""
+
+#: The task names live processes know (LIVE_WORKERS's liveness).
+LIVE_TASKS: Final = """
+SELECT DISTINCT unnest(tasks) AS task FROM dl_workers
+WHERE seen_at > now() - make_interval(secs => 3 * period_sec)
+ORDER BY task
+"""
+
+#: Queues with ready jobs (queued, available_at <= now()), without reading the table: a skip
+#: scan walks the distinct queues of the spec's `ix_dl_jobs_claim` (queue, available_at, …,
+#: which only holds queued rows), one index probe per queue, and the first entry of each queue
+#: says whether one of its jobs is ready. A million finished jobs cost nothing here; a
+#: `SELECT DISTINCT queue` would read them all.
+READY_QUEUES: Final = """
+WITH RECURSIVE q(queue) AS (
+    SELECT min(queue) FROM dl_jobs WHERE status = 'queued'
+    UNION ALL
+    SELECT (SELECT min(j.queue) FROM dl_jobs j WHERE j.status = 'queued' AND j.queue > q.queue)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue FROM q
+WHERE q.queue IS NOT NULL
+  AND EXISTS (SELECT 1 FROM dl_jobs j
+              WHERE j.status = 'queued' AND j.queue = q.queue AND j.available_at <= now())
+ORDER BY q.queue
+"""
+
 # --- migrations ----------------------------------------------------------------------------
 
 #: Serialises migrations across replicas: a session-level lock in the two-key space of advisory

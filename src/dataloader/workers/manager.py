@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dataloader.storage import db
+from dataloader.storage.presence import PresenceStore
 from dataloader.storage.repositories import JobRepository
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
@@ -18,6 +19,7 @@ from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.presence import Presence
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
 
@@ -68,6 +70,13 @@ class WorkerManager:
             timeout=settings.db_timeout_sec,
         )
         self.heartbeat = Heartbeat(self.runtime)
+        self.presence = Presence(
+            PresenceStore(self._pool, settings.db_timeout_sec),
+            self.runtime.worker_id,
+            {spec.queue: spec.concurrency for spec in settings.workers},
+            registry,
+            settings.presence_period_sec,
+        )
         self.reaper = Reaper(app.repo, settings.reaper_period_sec, self.runtime.worker_id)
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -89,11 +98,18 @@ class WorkerManager:
         except BaseException:
             await self._pool.close()
             raise
+        try:
+            await self.presence.register()
+        except BaseException:
+            await locks.close()
+            await self._pool.close()
+            raise
         self._spawn("locks", locks.maintain(self._stop_all))
         self._spawn("listener", self.listener.run(self._stop_all))
         self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
         self._claiming_tasks = [
             self._spawn("reaper", self.reaper.run(self._stop_claiming)),
+            self._spawn("presence", self.presence.run(self._stop_claiming)),
             *(
                 self._spawn(f"queue:{name}", worker.run(self._stop_claiming))
                 for name, worker in self.queues.items()
@@ -124,6 +140,7 @@ class WorkerManager:
         self._stop_claiming.set()
         # Let claims in flight settle first, so that every job they took is seen below.
         await asyncio.wait(self._claiming_tasks, timeout=10)
+        await self.presence.deregister()  # no longer serving: triggers and /status see it now
         jobs = {task for worker in self.queues.values() for task in worker.job_tasks}
         if jobs and not self._hurry.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", timeout, len(jobs))

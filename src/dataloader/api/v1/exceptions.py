@@ -17,6 +17,7 @@ from dataloader.exceptions import (
     IdempotencyConflict,
     InvalidJobArgs,
     JobNotFound,
+    UnknownTask,
 )
 from dataloader.storage.db import CONNECTION_ERRORS
 
@@ -41,6 +42,19 @@ async def _conflict(_request: Request, exc: Exception) -> JSONResponse:
 async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
     # Same shape as FastAPI's own validation errors, so clients parse one format.
     detail = [{"type": "invalid_args", "loc": ["body", "args"], "msg": str(exc)}]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _unknown_task(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, UnknownTask)
+    detail = [
+        {
+            "type": "unknown_task",
+            "loc": ["body", "task"],
+            "msg": str(exc),
+            "input": exc.task,
+        }
+    ]
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
@@ -92,6 +106,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
+    app.add_exception_handler(UnknownTask, _unknown_task)
     app.add_exception_handler(IdempotencyConflict, _conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DatabaseUnavailable, _unavailable)

@@ -1,0 +1,100 @@
+"""Live workers (`dl_workers`, migration 0007): what each process serves, and who is live.
+
+Liveness is judged by the database's clock: a process is live while its row was refreshed
+within three of its own refresh periods.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from dataloader.storage import queries
+from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Pool
+
+#: Rows of processes not seen for this long are deleted (they died without deregistering).
+PRUNE_AFTER_SEC = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One process's row: what it serves and when it was last seen."""
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    queues: dict[str, int]  # queue → concurrency
+    tasks: list[str]
+    period_sec: float
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A live process as /status shows it."""
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    queues: dict[str, int]
+    tasks: list[str]
+    started_at: datetime
+    seen_ago_sec: float
+
+
+class PresenceStore:
+    """The statements of `dl_workers`, on a pool (the workers' own for the presence loop, the
+    API's for the trigger check and /status)."""
+
+    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
+        self._pool = pool
+        self._timeout = timeout
+
+    async def upsert(self, worker: WorkerInfo) -> None:
+        """Record or refresh `worker`'s row (now, by the database's clock), pruning rows of
+        processes long dead."""
+        await self._pool.execute(
+            queries.UPSERT_WORKER,
+            worker.worker_id,
+            worker.host,
+            worker.pid,
+            worker.version,
+            json.dumps(worker.queues),
+            worker.tasks,
+            worker.period_sec,
+            PRUNE_AFTER_SEC,
+            timeout=self._timeout,
+        )
+
+    async def delete(self, worker_id: str) -> None:
+        """Remove a process's row (its clean stop)."""
+        await self._pool.execute(queries.DELETE_WORKER, worker_id, timeout=self._timeout)
+
+    async def live_workers(self) -> list[LiveWorker]:
+        """Live processes, by worker id."""
+        rows = await self._pool.fetch(queries.LIVE_WORKERS, timeout=self._timeout)
+        return [
+            LiveWorker(
+                worker_id=row["worker_id"],
+                host=row["host"],
+                pid=row["pid"],
+                version=row["version"],
+                queues=json.loads(row["queues"]),
+                tasks=list(row["tasks"]),
+                started_at=row["started_at"],
+                seen_ago_sec=row["seen_ago_sec"],
+            )
+            for row in rows
+        ]
+
+    async def live_tasks(self) -> frozenset[str]:
+        """The task names some live process knows."""
+        rows = await self._pool.fetch(queries.LIVE_TASKS, timeout=self._timeout)
+        return frozenset(row["task"] for row in rows)
+
+    async def ready_queues(self) -> list[str]:
+        """Queues with at least one ready job (one index probe per queued queue)."""
+        rows = await self._pool.fetch(queries.READY_QUEUES, timeout=self._timeout)
+        return [row["queue"] for row in rows]

@@ -1,0 +1,78 @@
+"""Presence: this process's row in `dl_workers` — the queues it serves and the tasks it knows —
+registered at start, refreshed every `DL_PRESENCE_PERIOD_SEC`, deleted on a clean stop.
+
+Other processes read it to refuse triggers of tasks nobody runs (the API) and to warn of queues
+nobody serves (/status). It runs on the workers' own pool, so that pipelines holding every
+connection of theirs cannot make the process look dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from importlib.metadata import version
+
+from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.waiting import jittered, wait_any
+
+log = logging.getLogger(__name__)
+
+
+class Presence:
+    """Keeps this process's `dl_workers` row fresh while it claims jobs."""
+
+    def __init__(
+        self,
+        store: PresenceStore,
+        worker_id: str,
+        queues: dict[str, int],
+        registry: PipelineRegistry,
+        period_sec: float,
+    ) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._queues = queues
+        self._registry = registry
+        self._period = period_sec
+
+    def info(self) -> WorkerInfo:
+        """The row as of now (pipelines registered after the start show at the next refresh).
+        A process that serves no queue runs no job, so it claims to know no task."""
+        return WorkerInfo(
+            worker_id=self._worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=version("dataloader"),
+            queues=dict(self._queues),
+            tasks=list(self._registry) if self._queues else [],
+            period_sec=self._period,
+        )
+
+    async def register(self) -> None:
+        """Record the process (at start: errors propagate, like the pool's own)."""
+        await self._store.upsert(self.info())
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Refresh every period (jittered) until `stopping` is set. A failed refresh is
+        retried at the next period; three in a row make the process look dead to the others,
+        which is what it is to them while the database cannot be reached."""
+        while not await wait_any(stopping, timeout=jittered(self._period, 0.1)):
+            try:
+                await self._store.upsert(self.info())
+            except Exception as exc:  # keep refreshing: the next one may get through
+                log.warning(
+                    "presence refresh failed: %r",
+                    exc,
+                    exc_info=not isinstance(exc, CONNECTION_ERRORS),
+                )
+
+    async def deregister(self) -> None:
+        """Delete the row (a clean stop); if that fails, the row goes stale on its own."""
+        try:
+            await self._store.delete(self._worker_id)
+        except Exception as exc:
+            log.warning("could not deregister %s: %r", self._worker_id, exc)

@@ -1,0 +1,250 @@
+"""Live workers (`dl_workers`): each process records the queues it serves and the tasks it
+knows; a trigger naming a task no live process knows is refused (unless
+DL_ALLOW_UNKNOWN_TASKS); /status warns of queues with ready jobs that no live process serves;
+the OpenAPI schema lists the tasks a trigger may name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from dataloader.config import Settings
+from dataloader.runner import Runner
+from dataloader.storage import db, queries
+from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.workers.pipelines.registry import PipelineRegistry
+
+from .conftest import StartService, wait_until
+from .v1_api.constants import STATUS_URL, TRIGGER_URL
+
+
+async def add_worker(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    queues: dict[str, int],
+    tasks: list[str],
+    *,
+    seen_ago_sec: float = 0,
+    period_sec: float = 5,
+) -> None:
+    """A row of another process, last seen `seen_ago_sec` ago."""
+    await conn.execute(
+        "INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec,"
+        " seen_at) VALUES ($1, 'elsewhere', 1, '0', $2::jsonb, $3, $4,"
+        " now() - make_interval(secs => $5))",
+        worker_id,
+        json.dumps(queues),
+        tasks,
+        period_sec,
+        seen_ago_sec,
+    )
+
+
+async def rows(conn: asyncpg.Connection) -> dict[str, asyncpg.Record]:
+    return {r["worker_id"]: r for r in await conn.fetch("SELECT * FROM dl_workers")}
+
+
+# --- the presence loop ------------------------------------------------------------------------
+
+
+async def test_a_process_registers_refreshes_and_deregisters_on_a_clean_stop(
+    make_settings: Callable[..., Settings], registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    settings = make_settings(
+        workers=[{"queue": "a", "concurrency": 2}, {"queue": "b", "concurrency": 1}],
+        presence_period_sec=0.1,
+    )
+    async with Runner(settings, registry) as runner:
+        assert runner.manager is not None
+        worker_id = runner.manager.worker_id
+        row = (await rows(conn))[worker_id]  # registered before start returned
+        assert json.loads(row["queues"]) == {"a": 2, "b": 1}
+        assert sorted(row["tasks"]) == list(registry)
+        first_seen = row["seen_at"]
+
+        async def refreshed() -> bool:
+            return bool((await rows(conn))[worker_id]["seen_at"] > first_seen)
+
+        await wait_until(refreshed, what="a refresh of the row")
+    assert worker_id not in await rows(conn)
+
+
+async def test_a_process_serving_no_queue_claims_no_task(
+    make_settings: Callable[..., Settings], registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    async with Runner(make_settings(workers=[]), registry) as runner:
+        assert runner.manager is not None
+        row = (await rows(conn))[runner.manager.worker_id]
+        assert row["tasks"] == []
+        assert json.loads(row["queues"]) == {}
+
+
+async def test_a_stale_process_is_not_live_and_is_pruned_later(
+    db_dsn: str, conn: asyncpg.Connection
+) -> None:
+    await add_worker(conn, "fresh", {"q": 1}, ["t.fresh"], seen_ago_sec=1, period_sec=1)
+    await add_worker(conn, "late", {"q": 1}, ["t.late"], seen_ago_sec=4, period_sec=1)
+    await add_worker(conn, "dead", {"q": 1}, ["t.dead"], seen_ago_sec=7200, period_sec=1)
+    pool = await db.create_pool(db_dsn, 2, "test-presence")
+    try:
+        store = PresenceStore(pool)
+        assert [w.worker_id for w in await store.live_workers()] == ["fresh"]
+        assert await store.live_tasks() == {"t.fresh"}
+        # a refresh of any process prunes rows not seen for an hour, not merely late ones
+        await store.upsert(WorkerInfo("me", "h", 2, "0", {"q": 1}, ["t.me"], 5))
+        assert sorted(await rows(conn)) == ["fresh", "late", "me"]
+        assert await store.live_tasks() == {"t.fresh", "t.me"}
+    finally:
+        await pool.close()
+
+
+# --- the trigger check ------------------------------------------------------------------------
+
+
+async def test_a_task_no_live_process_knows_is_refused_and_nothing_is_written(
+    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+) -> None:
+    api = await start_service()
+    response = await api.client.post(
+        TRIGGER_URL, json={"queue": "default", "task": "demo.nop", "lock_key": "k"}
+    )
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "task"]
+    assert error["type"] == "unknown_task"
+    assert "'demo.nop'" in error["msg"]
+    assert f"known: {', '.join(registry)}" in error["msg"]
+    assert "DL_ALLOW_UNKNOWN_TASKS" in error["msg"]
+    assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM dl_job_events") == 0
+    await api.trigger(task="demo.noop")  # a known one is accepted
+
+
+async def test_the_opt_out_accepts_a_task_no_live_process_knows(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    api = await start_service(allow_unknown_tasks=True)
+    job_id = await api.trigger(task="etl.not.deployed.yet")
+    assert await conn.fetchval("SELECT task FROM dl_jobs WHERE job_id = $1::uuid", job_id) == (
+        "etl.not.deployed.yet"
+    )
+
+
+async def test_a_task_known_to_another_live_process_only_is_accepted_while_it_lives(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    api = await start_service(run_workers=False, allow_unknown_tasks=False)
+    body = {"queue": "etl", "task": "etl.load", "lock_key": "k"}
+    refused = await api.client.post(TRIGGER_URL, json=body)
+    assert refused.status_code == 422
+    assert "no live process knows any task" in refused.json()["detail"][0]["msg"]
+
+    await add_worker(conn, "other", {"etl": 1}, ["etl.load"])
+
+    async def status_of_trigger() -> int:
+        response = await api.client.post(TRIGGER_URL, json=body)
+        return response.status_code if response.status_code == 200 else 0
+
+    await wait_until(status_of_trigger, timeout=5, what="the other process's task accepted")
+    await conn.execute("DELETE FROM dl_workers")  # it stopped
+
+    async def refused_again() -> bool:
+        response = await api.client.post(TRIGGER_URL, json=body | {"lock_key": "k2"})
+        return response.status_code == 422
+
+    await wait_until(refused_again, timeout=5, what="the task refused again")
+
+
+# --- /status ---------------------------------------------------------------------------------
+
+
+async def test_status_warns_of_a_queue_with_ready_jobs_and_no_live_worker(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    api = await start_service(run_workers=False)
+    await api.trigger(queue="orphan", task="etl.load")
+    await api.trigger(queue="later", task="etl.load", available_at="2999-01-01T00:00:00Z")
+    await conn.execute(  # finished jobs of a queue nobody serves do not matter
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status)"
+        " VALUES (gen_random_uuid(), 'done', 't', 'k', 'succeeded')"
+    )
+    warning = "queue 'orphan' has ready jobs and no live worker serves it"
+
+    body = (await api.client.get(STATUS_URL)).json()
+    assert body["warnings"] == [warning]
+    assert body["live_workers"] == []
+
+    await add_worker(conn, "other", {"orphan": 3}, ["etl.load"], seen_ago_sec=1)
+    body = (await api.client.get(STATUS_URL)).json()
+    assert body["warnings"] == []
+    (live,) = body["live_workers"]
+    assert live["worker_id"] == "other"
+    assert live["queues"] == {"orphan": 3}
+    assert live["host"] == "elsewhere"
+    assert 0.5 < live["seen_ago_sec"] < 10
+
+    await conn.execute("UPDATE dl_workers SET seen_at = now() - interval '1 minute'")
+    assert (await api.client.get(STATUS_URL)).json()["warnings"] == [warning]
+
+
+async def test_ready_queues_are_found_by_index_probes(conn: asyncpg.Connection) -> None:
+    """/status must stay cheap with a million finished jobs: no scan of dl_jobs."""
+    await conn.execute(  # 50 queues, two queued jobs each (q49's not due yet), the rest done
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, available_at)"
+        " SELECT gen_random_uuid(), 'q' || (i % 50), 't', 'k' || i,"
+        " CASE WHEN i <= 100 THEN 'queued' ELSE 'succeeded' END::dl_status,"
+        " now() + CASE WHEN i % 50 = 49 THEN interval '1 day' ELSE interval '0' END"
+        " FROM generate_series(1, 20000) i"
+    )
+    await conn.execute("ANALYZE dl_jobs")
+    plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {queries.READY_QUEUES}")
+    assert "Seq Scan" not in plan
+    found = [r["queue"] for r in await conn.fetch(queries.READY_QUEUES)]
+    assert found == sorted(f"q{i}" for i in range(49))
+
+
+# --- the OpenAPI schema -----------------------------------------------------------------------
+
+
+def task_schema(openapi: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = openapi["components"]["schemas"]["TriggerRequest"]["properties"][
+        "task"
+    ]
+    return schema
+
+
+async def test_the_schema_lists_the_tasks_live_processes_know(
+    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+) -> None:
+    api = await start_service()
+    assert task_schema((await api.client.get("/openapi.json")).json())["enum"] == list(registry)
+
+    await add_worker(conn, "other", {"etl": 1}, ["etl.load", "x" * 64])  # too long to trigger
+
+    async def with_etl() -> bool:
+        schema = task_schema((await api.client.get("/openapi.json")).json())
+        return bool(schema["enum"] == sorted([*registry, "etl.load"]))
+
+    await wait_until(with_etl, timeout=5, what="the schema rebuilt with etl.load")
+
+
+async def test_with_the_opt_out_the_schema_lists_no_tasks(start_service: StartService) -> None:
+    api = await start_service(allow_unknown_tasks=True)
+    schema = task_schema((await api.client.get("/openapi.json")).json())
+    assert "enum" not in schema
+    assert schema["type"] == "string"
+
+
+async def test_args_are_checked_as_the_schema_states_them(start_service: StartService) -> None:
+    """The schema gives each locally registered task's args its model as JSON Schema; the
+    trigger refuses what that refuses (pydantic's lax mode would take `false` as 0)."""
+    api = await start_service()
+    for args in ({"seconds": False}, {"seconds": "1"}, {"seconds": 1, "chunks": True}):
+        body = {"queue": "default", "task": "demo.sleep", "lock_key": "k", "args": args}
+        response = await api.client.post(TRIGGER_URL, json=body)
+        assert response.status_code == 422, (args, response.text)
+        assert response.json()["detail"][0]["loc"] == ["body", "args"]
+    await api.trigger(task="demo.sleep", args={"seconds": 0, "chunks": 2.0})
