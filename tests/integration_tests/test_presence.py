@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from dataloader.config import Settings
+from dataloader.core import limits
 from dataloader.runner import Runner
 from dataloader.storage import db, queries
 from dataloader.storage.presence import PresenceStore, WorkerInfo
@@ -222,7 +223,9 @@ async def test_the_schema_lists_the_tasks_live_processes_know(
     api = await start_service()
     assert task_schema((await api.client.get("/openapi.json")).json())["enum"] == list(registry)
 
-    await add_worker(conn, "other", {"etl": 1}, ["etl.load", "x" * 64])  # too long to trigger
+    await add_worker(
+        conn, "other", {"etl": 1}, ["etl.load", "x" * (limits.NAME_MAX_CHARS + 1)]
+    )  # too long
 
     async def with_etl() -> bool:
         schema = task_schema((await api.client.get("/openapi.json")).json())
