@@ -121,6 +121,9 @@ class Completer:
             except Exception as exc:  # a bug, not the database: keep the outcomes, try again
                 log.error("writing %d outcome(s) failed", len(batch), exc_info=exc)
                 failed = batch
+            retried = set(map(id, failed))
+            for queue in {p.running.job.queue for p in batch if id(p) not in retried}:
+                self._on_written(queue)  # a job waiting on a freed lock_key may be claimable
             failed = [p for p in failed if not self._give_up(p)]
             if not failed:
                 delay = RETRY_FIRST_SEC
@@ -225,7 +228,6 @@ class Completer:
                     " for it (journalled as lock_key_collision)",
                     job.lock_key,
                 )
-        self._on_written(job.queue)  # a job waiting on its lock_key may be claimable now
 
     def _write_failed(self, count: int, exc: Exception) -> None:
         self.failed_writes += count
