@@ -2,9 +2,10 @@
 
 Rules kept by all statements below:
 * times come from the database clock (`now()`), never from the worker;
-* every write after a claim is fenced on `status = 'running'` and the claim's `claim_seq`
-  (which every claim increments, migration 0005), so a worker whose lease was reaped, or whose
-  claim was handed back, can never overwrite the job's new owner;
+* every write after a claim is fenced on `status = 'running'` and the claim's `claim_token`
+  (which every claim draws at random, migration 0006), so a worker whose lease was reaped,
+  whose claim was handed back, or whose claim a failover lost, can never overwrite the job's
+  new owner;
 * a statement that finds its rows by primary key tests the status as `status::text`, and the
   lock_key probe as `(status = 'running') IS TRUE`: the spec's `ix_dl_jobs_status_queue` cannot
   serve either form, so stale statistics cannot make the planner read every running job
