@@ -18,7 +18,8 @@ CREATE INDEX IF NOT EXISTS ix_dl_jobs_queued_lock_hash
 -- 3. A fencing token drawn at random by every claim. claim_seq only grows on one server; after a
 --    failover to an asynchronous standby that had not received the last claims, the new primary
 --    would hand out the same claim_seq again, and a process still running the lost claim could
---    pass the new owner's fence. A random 122-bit token is never handed out twice.
+--    pass the new owner's fence. A random 122-bit token (a UUID the claiming worker draws) is
+--    never handed out twice.
 ALTER TABLE dl_jobs ADD COLUMN IF NOT EXISTS claim_token uuid;
 
 -- 4. Hand-backs whose attempt was refunded (shutdown, lost advisory lock, lease not extended):
