@@ -130,3 +130,23 @@ async def test_migrations_never_wait_for_a_lock_key_that_hashes_like_their_lock(
     finally:
         await migrator.close()
     assert report.applied == []
+
+
+async def test_a_job_the_reaper_ends_wakes_the_next_job_of_its_key_in_the_same_queue(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A worker that died left job A (key K) running; job B of K waits in the same queue. The
+    reaper ends A (`lost`, its last attempt) on a replica that ran neither: B's queue is woken
+    by notification, not at the next safety poll (five minutes here)."""
+    a = await conn.fetchval(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, max_attempts,"
+        " started_at, lease_expires_at, heartbeat_at) VALUES (gen_random_uuid(), 'default',"
+        " 'demo.noop', 'K', 'running', 1, 1, now(), now() + interval '1 second', now())"
+        " RETURNING job_id::text"
+    )
+    service = await start_service(reaper_period_sec=0.1)
+    b = await service.trigger(task="demo.noop", lock_key="K")
+    await claimed_since_now(service.manager.queues["default"])
+    assert (await service.status(b))["status"] == "queued"  # skipped while A holds K
+    await service.wait_status(a, "lost")
+    await service.wait_status(b, "succeeded", timeout=10)

@@ -13,6 +13,7 @@ import asyncpg
 
 from dataloader.storage.db import create_pool
 from dataloader.storage.repositories import JobRepository, NewJob
+from dataloader.workers.completer import MAX_WRITE_ERRORS
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
@@ -22,11 +23,20 @@ from .test_lock_keys import gated
 
 WORKER = "test-worker"
 
+#: Every write of a success fails with an error of the statement (not of the connection).
 REFUSE_SUCCESS = """
 CREATE FUNCTION refuse_success() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'success refused for this test'; END $$;
 CREATE TRIGGER refuse_success BEFORE UPDATE ON dl_jobs
 FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION refuse_success();
+"""
+
+#: Every write of a success loses its connection (the session ends itself mid-statement).
+CUT_SUCCESS = """
+CREATE FUNCTION cut_success() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END $$;
+CREATE TRIGGER cut_success BEFORE UPDATE ON dl_jobs
+FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION cut_success();
 """
 
 
@@ -39,14 +49,14 @@ async def lease_expires_at(conn: asyncpg.Connection, job_id: str) -> Any:
 async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
     start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
 ) -> None:
-    """The job succeeded, then writing that failed again and again for longer than its lease:
-    the lease is kept alive meanwhile (the reaper would make a last attempt `lost`), and the
-    write lands once the database takes it."""
+    """The job succeeded, then writing that lost its connection again and again for longer than
+    its lease: the lease is kept alive meanwhile (the reaper would make a last attempt `lost`),
+    and the write lands once the database takes it."""
     gate = gated(registry, "t.gated")
     service = await start_service(reaper_period_sec=0.1)
     job_id = await service.trigger(task="t.gated", max_attempts=1, lease_ttl_sec=1)
     await wait_until(pipeline_running(service.manager, job_id), what="the job to run")
-    await conn.execute(REFUSE_SUCCESS)
+    await conn.execute(CUT_SUCCESS)
     first_lease = await lease_expires_at(conn, job_id)
     gate.set()
     completer = service.manager.completer
@@ -57,7 +67,7 @@ async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
 
     await wait_until(refused_past_the_first_lease, what="refusals outlasting the first lease")
     assert (await service.status(job_id))["status"] == "running"  # not reaped
-    await conn.execute("DROP TRIGGER refuse_success ON dl_jobs")
+    await conn.execute("DROP TRIGGER cut_success ON dl_jobs")
     body = await service.wait_status(job_id, "succeeded")
     assert body["attempt"] == 1
     assert await event_kinds(conn, job_id) == ["queued", "picked", "heartbeat", "done"]
@@ -193,3 +203,110 @@ async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
         assert uuid.UUID(str(new.claim_token)).version == 4
     finally:
         await pool.close()
+
+
+async def test_a_claim_by_an_earlier_version_clears_the_token_of_the_claim_before(
+    conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """During a rolling upgrade a process of the earlier version claims by incrementing
+    claim_seq alone; the token of the claim before it must not stay valid, or a process of this
+    version still holding that claim (its lease reaped meanwhile) would pass the new fence."""
+    pool = await create_pool(db_dsn, 2, "test")
+    try:
+        repo = JobRepository(pool)
+        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+        (zombie,) = await repo.claim("q", 1, WORKER)
+        await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
+        assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
+        # the earlier version's claim: no claim_token in its SET list
+        await conn.execute(
+            "UPDATE dl_jobs SET status = 'running', attempt = attempt + 1,"
+            " claim_seq = claim_seq + 1, lease_expires_at = now() + interval '1 hour'"
+            " WHERE job_id = $1",
+            job.job_id,
+        )
+        assert await conn.fetchval("SELECT claim_token FROM dl_jobs") is None
+        assert await repo.heartbeat([(job.job_id, zombie.claim_token, False)], WORKER) == {}
+        assert await repo.complete_many([(job.job_id, zombie.claim_token)], WORKER) == {}
+        state = await repo.get(job.job_id)
+        assert state is not None
+        assert (state.status, state.attempt) == ("running", 2)
+    finally:
+        await pool.close()
+
+
+async def test_a_success_whose_row_is_held_elsewhere_does_not_hold_up_the_others(
+    conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """A row locked by someone else (an operator, a pipeline's fence) is skipped by the batched
+    completion and reported busy, still ours; the rest of the batch is written at once."""
+    pool = await create_pool(db_dsn, 2, "test", timeout=2)
+    try:
+        repo = JobRepository(pool)
+        for key in ("a", "b"):
+            await repo.enqueue(NewJob(queue="q", task="t", lock_key=key, args={}))
+        held, free = await repo.claim("q", 2, WORKER)
+        jobs = [(held.job_id, held.claim_token), (free.job_id, free.claim_token)]
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR SHARE", held.job_id)
+            written = await asyncio.wait_for(repo.complete_many(jobs, WORKER), timeout=5)
+        assert {job_id: w.kind for job_id, w in written.items()} == {
+            held.job_id: "busy",
+            free.job_id: "done",
+        }
+        again = await repo.complete_many(jobs[:1], WORKER)
+        assert again[held.job_id].kind == "done"
+    finally:
+        await pool.close()
+
+
+async def test_an_outcome_that_can_never_be_written_is_given_up_to_the_reaper(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """A write that fails for another reason than a lost connection, again and again, is given
+    up after a few tries: its lease is no longer kept alive, so the job does not stay running
+    (its lock_key blocked) for ever; the reaper decides."""
+    service = await start_service(reaper_period_sec=0.1)
+    await conn.execute(REFUSE_SUCCESS)
+    job_id = await service.trigger(task="demo.noop", max_attempts=1, lease_ttl_sec=1)
+    body = await service.wait_status(job_id, "lost")
+    assert body["error"] == "lease expired on the last attempt"
+    assert service.manager.completer.failed_writes >= MAX_WRITE_ERRORS
+
+
+async def test_a_pipeline_winding_down_after_its_lock_is_lost_keeps_its_lease(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """The lock connection is lost: the pipeline is cancelled, and its clean-up takes longer
+    than the lease. The lease is kept alive until it ends, so the row stays `running` and no
+    claim, here or on another replica, takes the job or its key meanwhile."""
+    cleaning_up, cleanup_done = asyncio.Event(), asyncio.Event()
+
+    @registry.register("t.slow_cleanup")
+    async def slow_cleanup(ctx: JobContext[dict[str, Any]]) -> None:
+        if cleaning_up.is_set():
+            return
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cleaning_up.set()
+            await cleanup_done.wait()
+            raise
+
+    service = await start_service(reaper_period_sec=0.1)
+    job_id = await service.trigger(task="t.slow_cleanup", lease_ttl_sec=1)
+    await wait_until(pipeline_running(service.manager, job_id), what="the job to run")
+    await conn.execute("SELECT pg_terminate_backend($1)", service.manager.runtime.locks.backend_pid)
+    await asyncio.wait_for(cleaning_up.wait(), timeout=10)
+    first_lease = await lease_expires_at(conn, job_id)
+
+    async def extended_past_the_first_lease() -> bool:
+        lease = await lease_expires_at(conn, job_id)
+        return lease is not None and lease > first_lease + dt.timedelta(seconds=2)
+
+    await wait_until(extended_past_the_first_lease, what="the lease to be kept alive")
+    cleanup_done.set()
+    await service.wait_status(job_id, "succeeded")
+    # handed back once by its worker (lock lost), never requeued by the reaper
+    (reason,) = [p["reason"] for p in await event_payloads(conn, job_id, "requeue")]
+    assert "lock" in reason, reason

@@ -320,16 +320,16 @@ RETURNING cancel_requested
 # its queue. Each returns whether that job had waited because of a lock_key collision.
 
 #: Success (spec §6.3) of many jobs at once ($1 ids, $2 their claims' tokens), fenced per job;
-#: clears the error text a failed earlier attempt left behind. Rows are locked in job_id order so
-#: that concurrent batches cannot deadlock.
+#: clears the error text a failed earlier attempt left behind. A row someone else has locked is
+#: skipped, not waited for (one locked row must not hold up the batch): it comes back with
+#: `busy`, still ours, to be written again. A job missing from the answer is no longer ours.
 COMPLETE_JOBS: Final = """
 WITH mine AS (
     SELECT j.job_id FROM dl_jobs j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
       ON j.job_id = t.job_id AND j.claim_token = t.claim_token
     WHERE j.status::text = 'running'
-    ORDER BY j.job_id
-    FOR NO KEY UPDATE OF j
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), upd AS (
     UPDATE dl_jobs j
     SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, error = NULL
@@ -340,7 +340,13 @@ WITH mine AS (
     SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
     FROM upd
 )
-SELECT job_id, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
+SELECT job_id, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision, false AS busy
+FROM upd
+UNION ALL
+SELECT j.job_id, false, true FROM dl_jobs j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
+  ON j.job_id = t.job_id AND j.claim_token = t.claim_token
+WHERE j.status::text = 'running' AND j.job_id NOT IN (SELECT job_id FROM mine)
 """
 
 #: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
@@ -464,7 +470,7 @@ WITH expired AS (
            jsonb_build_object('attempt', attempt, 'reaper', $2::text, 'reason', 'lease expired')
     FROM upd
 )
-SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
+SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key, NULL) AS collision
 FROM upd
 """
 

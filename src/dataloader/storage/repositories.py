@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
 from asyncpg import Record
@@ -121,6 +121,10 @@ class Beat:
     cancel_requested: bool
     #: False when the row was locked by someone else: the lease was not extended this time.
     extended: bool
+
+
+#: The kind of a `Written` whose row someone else held: nothing was written, the job is ours.
+BUSY: Final = "busy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,12 +321,16 @@ class JobRepository:
     async def complete_many(
         self, jobs: Sequence[tuple[uuid.UUID, uuid.UUID]], worker_id: str
     ) -> dict[uuid.UUID, Written]:
-        """Mark (job_id, claim_token) pairs succeeded; returns the jobs that were still ours."""
+        """Mark (job_id, claim_token) pairs succeeded; returns the jobs that were still ours:
+        `done`, or `busy` when someone else held the row (still ours, not written)."""
         if not jobs:
             return {}
         ids, tokens = zip(*jobs, strict=True)
         rows = await self._fetch(queries.COMPLETE_JOBS, list(ids), list(tokens), worker_id)
-        return {row["job_id"]: Written("done", row["collision"]) for row in rows}
+        return {
+            row["job_id"]: Written(BUSY if row["busy"] else "done", row["collision"])
+            for row in rows
+        }
 
     async def fail(
         self,

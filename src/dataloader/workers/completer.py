@@ -29,7 +29,7 @@ from enum import Enum
 
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.repositories import Written
+from dataloader.storage.repositories import BUSY, Written
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ RETRY_FIRST_SEC = 0.05
 RETRY_MAX_SEC = 2.0
 #: Hand-backs whose attempt is refunded, per job; later ones consume an attempt.
 MAX_REFUNDED_HANDBACKS = 3
+#: Failed writes of one outcome, other than lost connections, after which it is given up: the
+#: lease is no longer kept alive and the reaper decides (an error that repeats would otherwise
+#: keep the job running, and its lock_key blocked, for ever).
+MAX_WRITE_ERRORS = 5
 
 
 class Result(Enum):
@@ -69,6 +73,8 @@ class _Pending:
     running: RunningJob
     outcome: Outcome
     unlocked: bool
+    #: Failed writes that were not a lost connection (a bug, a constraint): bounded.
+    errors: int = 0
 
 
 class Completer:
@@ -144,22 +150,28 @@ class Completer:
                     self._rt.worker_id,
                 )
             except Exception as exc:
-                self._write_failed(len(successes), exc)
+                self._write_failed(successes, exc)
                 failed.extend(successes)
             else:
                 for p in successes:
-                    self._written(p, ours.get(p.running.job.job_id))
+                    written = ours.get(p.running.job.job_id)
+                    if written is not None and written.kind == BUSY:
+                        failed.append(p)  # its row is held elsewhere: again at the next pass
+                    else:
+                        self._written(p, written)
+        others_failing = False
         for p in batch:
             if p.outcome.result is Result.SUCCEEDED:
                 continue
-            if failed:  # the database is failing us: try the rest at the next pass
+            if others_failing:  # the database is failing us: try the rest at the next pass
                 failed.append(p)
                 continue
             try:
                 written = await self._write_one(p)
             except Exception as exc:
-                self._write_failed(1, exc)
+                self._write_failed([p], exc)
                 failed.append(p)
+                others_failing = True
             else:
                 self._written(p, written)
         return failed
@@ -229,13 +241,17 @@ class Completer:
                     job.lock_key,
                 )
 
-    def _write_failed(self, count: int, exc: Exception) -> None:
-        self.failed_writes += count
+    def _write_failed(self, pending: list[_Pending], exc: Exception) -> None:
+        self.failed_writes += len(pending)
+        lost_connection = isinstance(exc, CONNECTION_ERRORS)
+        if not lost_connection:
+            for p in pending:
+                p.errors += 1
         log.warning(
             "could not write %d outcome(s), retrying: %r",
-            count,
+            len(pending),
             exc,
-            exc_info=not isinstance(exc, CONNECTION_ERRORS),
+            exc_info=not lost_connection,
         )
 
     def _give_up(self, pending: _Pending) -> bool:
@@ -243,13 +259,20 @@ class Completer:
         the process is stopping and the lease has run out (or a second signal came)."""
         running = pending.running
         expired = time.monotonic() - running.lease_extended_at > running.job.lease_ttl_sec
-        if not (running.gone or (self._closing and (self._hurried or expired))):
+        if running.gone:
+            why = "it is no longer ours"
+        elif pending.errors >= MAX_WRITE_ERRORS:
+            why = f"{pending.errors} writes failed; its lease is left to expire"
+            running.gone = True  # the heartbeat stops extending it: the reaper decides
+        elif self._closing and (self._hurried or expired):
+            why = "the process is stopping"
+        else:
             return False
         log.error(
             "giving up writing the outcome (%s) of job %s: %s",
             pending.outcome.result.value,
             running.job.job_id,
-            "it is no longer ours" if running.gone else "the process is stopping",
+            why,
         )
         self._forget(pending)
         return True

@@ -95,13 +95,10 @@ class Heartbeat:
             log.warning("lock connection probe failed: %r", exc)
 
     async def _extend_leases(self) -> None:
-        # Stopped pipelines still winding down are not extended (their release is on its way);
-        # finished jobs are, until their outcome is written.
-        running = [
-            r
-            for r in self._rt.running.values()
-            if not r.gone and (r.finished or r.state.lost_reason is None)
-        ]
+        # Every job still ours is extended: a running pipeline, one stopped but still winding
+        # down (its row must stay `running`, so that no claim takes its key before it ends),
+        # and a finished one until its outcome is written.
+        running = [r for r in self._rt.running.values() if not r.gone]
         if not running:
             return
         now = time.monotonic()

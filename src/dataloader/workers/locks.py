@@ -118,8 +118,12 @@ class LockHolder:
             self._held[lock_hash] = generation
         got: set[int] = set()
         try:
-            result = await self._run(repositories.try_advisory_locks, wanted)
+            # the generation of the connection the statement ran on, read under the mutex: if
+            # the connection was replaced while we waited for it, these locks are the new one's
+            generation, result = await self._run_on(repositories.try_advisory_locks, wanted)
             got = {h for h, locked in result.items() if locked}
+            for lock_hash in got:
+                self._held[lock_hash] = generation
         except LockConnectionLost:
             raise
         except Exception:
@@ -184,6 +188,16 @@ class LockHolder:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> R:
+        _, value = await self._run_on(op, *args, **kwargs)
+        return value
+
+    async def _run_on(
+        self,
+        op: Callable[Concatenate[Connection, P], Awaitable[R]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> tuple[int, R]:
+        """Run `op` on the live connection; (that connection's generation, the result)."""
         async with self._mutex:
             conn = self._conn
             if conn is None:
@@ -191,8 +205,10 @@ class LockHolder:
             if conn.is_closed():
                 self._lose("lock connection closed")
                 raise LockConnectionLost("lock connection closed")
+            generation = self._generation
             try:
-                return await asyncio.wait_for(op(conn, *args, **kwargs), self._timeout)
+                value = await asyncio.wait_for(op(conn, *args, **kwargs), self._timeout)
+                return generation, value
             except TimeoutError as exc:
                 # a half-open socket: nothing comes back, and nothing says it is gone; its
                 # session may live on, holding the locks, until the next connection ends it

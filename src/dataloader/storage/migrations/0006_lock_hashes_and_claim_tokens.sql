@@ -22,6 +22,27 @@ CREATE INDEX IF NOT EXISTS ix_dl_jobs_queued_lock_hash
 --    never handed out twice.
 ALTER TABLE dl_jobs ADD COLUMN IF NOT EXISTS claim_token uuid;
 
+--    During a rolling upgrade, processes of an earlier version still claim by incrementing
+--    claim_seq alone: the token of the claim before theirs would stay, and a process of this
+--    version still holding that earlier claim (frozen, cut off, its lease reaped) would pass the
+--    fence of the newer claim. A claim that leaves the token as it was therefore clears it. The
+--    trigger's condition is evaluated without calling a function, so claims of this version,
+--    which always draw a new token, pay only that comparison.
+CREATE OR REPLACE FUNCTION dl_clear_stale_claim_token() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.claim_token := NULL;
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS dl_jobs_clear_stale_claim_token ON dl_jobs;
+CREATE TRIGGER dl_jobs_clear_stale_claim_token
+BEFORE UPDATE OF claim_seq ON dl_jobs
+FOR EACH ROW
+WHEN (NEW.claim_seq IS DISTINCT FROM OLD.claim_seq
+      AND NEW.claim_token IS NOT DISTINCT FROM OLD.claim_token)
+EXECUTE FUNCTION dl_clear_stale_claim_token();
+
 -- 4. Hand-backs whose attempt was refunded (shutdown, lost advisory lock, lease not extended):
 --    bounded, so that a job that keeps bringing its process down consumes its attempts.
 ALTER TABLE dl_jobs ADD COLUMN IF NOT EXISTS handbacks int NOT NULL DEFAULT 0;
@@ -34,7 +55,8 @@ CREATE INDEX IF NOT EXISTS ix_dl_job_events_lock_collisions
 -- ready job of the same lock_key hash, in claim order, on the spec's channel (any replica
 -- serving that queue claims it now, not at its next poll). A waiter in the finished job's own
 -- queue is not notified: the worker that ran the job serves that queue and wakes it itself, and
--- waking every replica of the queue at once would only make them race for the key. If that
+-- waking every replica of the queue at once would only make them race for the key (the reaper,
+-- which may not serve the queue, passes NULL: always notified). If that
 -- job's key is a different one
 -- that only shares the hash, and no job of its own key runs, it waited because of a hashtext
 -- collision: journalled on the waiting job (`lock_key_collision`) and reported as true.
@@ -53,7 +75,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF waiter.queue <> finished_queue THEN
+    IF finished_queue IS NULL OR waiter.queue <> finished_queue THEN
         PERFORM pg_notify('dl_jobs', waiter.queue);
     END IF;
     IF waiter.lock_key = finished_key OR EXISTS (
