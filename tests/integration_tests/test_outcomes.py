@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import uuid
 from typing import Any
 
 import asyncpg
@@ -200,7 +199,6 @@ async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
         state = await repo.get(job.job_id)
         assert state is not None
         assert (state.status, state.progress) == ("running", {})
-        assert uuid.UUID(str(new.claim_token)).version == 4
     finally:
         await pool.close()
 

@@ -68,6 +68,6 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
-    plan = await plan_of(stale_conn, queries.CLAIM_JOBS, "q", 10, "w", [uuid.uuid4()] * 10)
+    plan = await plan_of(stale_conn, queries.CLAIM_JOBS, "q", 10, "w", uuid.uuid4())
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan

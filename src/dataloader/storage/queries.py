@@ -180,9 +180,10 @@ NOTIFY_CANCEL: Final = "SELECT pg_notify('dl_jobs_cancel', $1::text)"
 #: Claim up to $2 ready jobs of queue $1 (the spec's CTE, batched). Jobs whose lock_key hash is
 #: already running are skipped (they would only back off; keys that collide under hashtext wait
 #: in claim order like jobs of one key), and one job per hash is taken per batch. Each claim
-#: increments `claim_seq` and takes a new `claim_token`, the fence of every later write, from
-#: $4: at least $2 random UUIDs drawn by the worker (PostgreSQL's gen_random_uuid() cost ~13 µs
-#: a row here, a tenth of a claim of ten). Journals `picked`. $3 = worker id.
+#: increments `claim_seq` and takes a new `claim_token`, the fence of every later write: the
+#: md5 of a random UUID the worker draws for the claim ($4) and the row's number in the batch,
+#: unique for every claim on any server (PostgreSQL's gen_random_uuid() cost ~13 µs a row
+#: here, a tenth of a claim of ten). Journals `picked`. $3 = worker id.
 CLAIM_JOBS: Final = """
 WITH candidates AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at
@@ -207,7 +208,7 @@ WITH candidates AS (
         started_at = COALESCE(j.started_at, now()),
         attempt = j.attempt + 1,
         claim_seq = j.claim_seq + 1,
-        claim_token = ($4::uuid[])[picked.n],
+        claim_token = md5($4::uuid::text || '/' || picked.n)::uuid,
         lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec),
         heartbeat_at = now()
     FROM picked
@@ -339,9 +340,21 @@ WITH mine AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
     FROM upd
+), woken AS (
+    SELECT u.job_id,
+           dl_lock_waiter_found(u.job_id, u.lock_key, u.queue, w.job_id, w.queue, w.lock_key)
+               AS collision
+    FROM upd u
+    CROSS JOIN LATERAL (
+        SELECT q.job_id, q.queue, q.lock_key FROM dl_jobs q
+        WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
+          AND q.available_at <= now() AND q.job_id <> u.job_id
+        ORDER BY q.priority, q.created_at
+        LIMIT 1
+    ) AS w
 )
-SELECT job_id, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision, false AS busy
-FROM upd
+SELECT u.job_id, COALESCE(woken.collision, false) AS collision, false AS busy
+FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
 UNION ALL
 SELECT j.job_id, false, true FROM dl_jobs j
 JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)

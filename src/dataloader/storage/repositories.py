@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -263,7 +262,7 @@ class JobRepository:
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
-        rows = await self._fetch(queries.CLAIM_JOBS, queue, limit, worker_id, fresh_tokens(limit))
+        rows = await self._fetch(queries.CLAIM_JOBS, queue, limit, worker_id, uuid.uuid4())
         return [
             ClaimedJob(
                 job_id=r["job_id"],
@@ -376,13 +375,6 @@ class JobRepository:
         """One reaper pass of at most `batch` jobs: [(job_id, new status)]."""
         rows = await self._fetch(queries.REAP_EXPIRED, batch, reaper_id)
         return [(r["job_id"], r["status"]) for r in rows]
-
-
-def fresh_tokens(count: int) -> list[uuid.UUID]:
-    """`count` random (version 4) UUIDs, as fencing tokens for claims: one read of the
-    system's random source for all of them."""
-    random = os.urandom(16 * count)
-    return [uuid.UUID(bytes=random[i : i + 16], version=4) for i in range(0, 16 * count, 16)]
 
 
 def _written(row: Record | None) -> Written | None:

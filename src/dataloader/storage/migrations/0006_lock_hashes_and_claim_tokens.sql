@@ -18,8 +18,8 @@ CREATE INDEX IF NOT EXISTS ix_dl_jobs_queued_lock_hash
 -- 3. A fencing token drawn at random by every claim. claim_seq only grows on one server; after a
 --    failover to an asynchronous standby that had not received the last claims, the new primary
 --    would hand out the same claim_seq again, and a process still running the lost claim could
---    pass the new owner's fence. A random 122-bit token (a UUID the claiming worker draws) is
---    never handed out twice.
+--    pass the new owner's fence. A token derived from a random UUID the claiming worker draws
+--    (its md5 with the row's number in the claim) is never handed out twice.
 ALTER TABLE dl_jobs ADD COLUMN IF NOT EXISTS claim_token uuid;
 
 --    During a rolling upgrade, processes of an earlier version still claim by incrementing
@@ -56,10 +56,35 @@ CREATE INDEX IF NOT EXISTS ix_dl_job_events_lock_collisions
 -- serving that queue claims it now, not at its next poll). A waiter in the finished job's own
 -- queue is not notified: the worker that ran the job serves that queue and wakes it itself, and
 -- waking every replica of the queue at once would only make them race for the key (the reaper,
--- which may not serve the queue, passes NULL: always notified). If that
--- job's key is a different one
--- that only shares the hash, and no job of its own key runs, it waited because of a hashtext
+-- which may not serve the queue, passes NULL: always notified). If that job's key is a different
+-- one that only shares the hash, and no job of its own key runs, it waited because of a hashtext
 -- collision: journalled on the waiting job (`lock_key_collision`) and reported as true.
+-- The batched completion finds the waiter itself (a join, cheaper than a call per job) and
+-- calls dl_lock_waiter_found only for the jobs that have one.
+CREATE OR REPLACE FUNCTION dl_lock_waiter_found(
+    finished uuid, finished_key text, finished_queue text,
+    waiter uuid, waiter_queue text, waiter_key text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF finished_queue IS NULL OR waiter_queue <> finished_queue THEN
+        PERFORM pg_notify('dl_jobs', waiter_queue);
+    END IF;
+    IF waiter_key = finished_key OR EXISTS (
+        SELECT 1 FROM dl_jobs r
+        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(waiter_key)
+          AND r.lock_key = waiter_key AND r.job_id <> finished
+    ) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    VALUES (waiter, waiter_queue, 'lock_key_collision',
+            jsonb_build_object('waited_for', finished, 'lock_key', finished_key,
+                               'lock_hash', hashtext(finished_key)));
+    RETURN true;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION dl_wake_lock_waiter(finished uuid, finished_key text, finished_queue text)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -75,20 +100,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF finished_queue IS NULL OR waiter.queue <> finished_queue THEN
-        PERFORM pg_notify('dl_jobs', waiter.queue);
-    END IF;
-    IF waiter.lock_key = finished_key OR EXISTS (
-        SELECT 1 FROM dl_jobs r
-        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(waiter.lock_key)
-          AND r.lock_key = waiter.lock_key AND r.job_id <> finished
-    ) THEN
-        RETURN false;
-    END IF;
-    INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    VALUES (waiter.job_id, waiter.queue, 'lock_key_collision',
-            jsonb_build_object('waited_for', finished, 'lock_key', finished_key,
-                               'lock_hash', hashtext(finished_key)));
-    RETURN true;
+    RETURN dl_lock_waiter_found(finished, finished_key, finished_queue,
+                                waiter.job_id, waiter.queue, waiter.lock_key);
 END
 $$;
