@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import pytest
 
 from dataloader.storage.db import create_pool
 from dataloader.storage.repositories import JobRepository, NewJob
@@ -37,6 +39,14 @@ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END $$;
 CREATE TRIGGER cut_success BEFORE UPDATE ON dl_jobs
 FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION cut_success();
 """
+
+
+@pytest.fixture
+async def repo(db_dsn: str) -> AsyncIterator[JobRepository]:
+    """The queue's operations over a pool of the test's database."""
+    pool = await create_pool(db_dsn, 2, "test")
+    yield JobRepository(pool)
+    await pool.close()
 
 
 async def lease_expires_at(conn: asyncpg.Connection, job_id: str) -> Any:
@@ -137,125 +147,107 @@ async def test_pipelines_holding_every_pool_connection_do_not_starve_the_leases(
         assert body["attempt"] == 1
 
 
-async def test_refunded_hand_backs_are_bounded(conn: asyncpg.Connection, db_dsn: str) -> None:
+async def test_refunded_hand_backs_are_bounded(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
     """A job that keeps being handed back (say it brings its process down at every run) is
     refunded a bounded number of times; then each hand-back consumes an attempt, and on the
     last one the job is `lost` rather than looping forever."""
-    pool = await create_pool(db_dsn, 2, "test")
-    try:
-        repo = JobRepository(pool)
-        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}, max_attempts=1))
-        kinds = []
-        for _ in range(4):
-            (claim,) = await repo.claim("q", 1, WORKER)
-            written = await repo.release(
-                claim.job_id,
-                claim.claim_token,
-                refund=True,
-                max_refunds=3,
-                worker_id=WORKER,
-                reason="worker shutting down",
-            )
-            assert written is not None
-            kinds.append(written.kind)
-        assert kinds == ["requeue", "requeue", "requeue", "lost"]
-        payloads = await event_payloads(conn, str(job.job_id), "requeue")
-        assert [p["refunded"] for p in payloads] == [True, True, True]
-        state = await repo.get(job.job_id)
-        assert state is not None
-        assert (state.status, state.attempt) == ("lost", 1)
-    finally:
-        await pool.close()
+    job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}, max_attempts=1))
+    kinds = []
+    for _ in range(4):
+        (claim,) = await repo.claim("q", 1, WORKER)
+        written = await repo.release(
+            claim.job_id,
+            claim.claim_token,
+            refund=True,
+            max_refunds=3,
+            worker_id=WORKER,
+            reason="worker shutting down",
+        )
+        assert written is not None
+        kinds.append(written.kind)
+    assert kinds == ["requeue", "requeue", "requeue", "lost"]
+    payloads = await event_payloads(conn, str(job.job_id), "requeue")
+    assert [p["refunded"] for p in payloads] == [True, True, True]
+    state = await repo.get(job.job_id)
+    assert state is not None
+    assert (state.status, state.attempt) == ("lost", 1)
 
 
 async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
-    conn: asyncpg.Connection, db_dsn: str
+    conn: asyncpg.Connection, repo: JobRepository
 ) -> None:
     """After a failover to an asynchronous standby that never received a claim, the new primary
     claims the job again from the same row: the same attempt and claim_seq come out, but not
     the same claim_token, so the lost claim's process (still running) writes nothing."""
-    pool = await create_pool(db_dsn, 2, "test")
-    try:
-        repo = JobRepository(pool)
-        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
-        before = await conn.fetchrow("SELECT * FROM dl_jobs WHERE job_id = $1", job.job_id)
-        (lost,) = await repo.claim("q", 1, WORKER)
-        # The failover: the row is back as the standby last saw it, before that claim.
-        await conn.execute(
-            "UPDATE dl_jobs SET status = 'queued', attempt = $2, claim_seq = $3,"
-            " claim_token = $4, started_at = NULL, heartbeat_at = NULL,"
-            " lease_expires_at = NULL WHERE job_id = $1",
-            job.job_id,
-            before["attempt"],
-            before["claim_seq"],
-            before["claim_token"],
-        )
-        (new,) = await repo.claim("q", 1, "new-primary-worker")
-        assert (new.attempt, new.claim_seq) == (lost.attempt, lost.claim_seq)
-        assert new.claim_token != lost.claim_token
-        assert await repo.complete_many([(job.job_id, lost.claim_token)], WORKER) == {}
-        assert await repo.set_progress(job.job_id, lost.claim_token, {"zombie": True}) is None
-        assert await repo.heartbeat([(job.job_id, lost.claim_token, False)], WORKER) == {}
-        state = await repo.get(job.job_id)
-        assert state is not None
-        assert (state.status, state.progress) == ("running", {})
-    finally:
-        await pool.close()
+    job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+    before = await conn.fetchrow("SELECT * FROM dl_jobs WHERE job_id = $1", job.job_id)
+    (lost,) = await repo.claim("q", 1, WORKER)
+    # The failover: the row is back as the standby last saw it, before that claim.
+    await conn.execute(
+        "UPDATE dl_jobs SET status = 'queued', attempt = $2, claim_seq = $3,"
+        " claim_token = $4, started_at = NULL, heartbeat_at = NULL,"
+        " lease_expires_at = NULL WHERE job_id = $1",
+        job.job_id,
+        before["attempt"],
+        before["claim_seq"],
+        before["claim_token"],
+    )
+    (new,) = await repo.claim("q", 1, "new-primary-worker")
+    assert (new.attempt, new.claim_seq) == (lost.attempt, lost.claim_seq)
+    assert new.claim_token != lost.claim_token
+    assert await repo.complete_many([(job.job_id, lost.claim_token)], WORKER) == {}
+    assert await repo.set_progress(job.job_id, lost.claim_token, {"zombie": True}) is None
+    assert await repo.heartbeat([(job.job_id, lost.claim_token, False)], WORKER) == {}
+    state = await repo.get(job.job_id)
+    assert state is not None
+    assert (state.status, state.progress) == ("running", {})
 
 
 async def test_a_claim_by_an_earlier_version_clears_the_token_of_the_claim_before(
-    conn: asyncpg.Connection, db_dsn: str
+    conn: asyncpg.Connection, repo: JobRepository
 ) -> None:
     """During a rolling upgrade a process of the earlier version claims by incrementing
     claim_seq alone; the token of the claim before it must not stay valid, or a process of this
     version still holding that claim (its lease reaped meanwhile) would pass the new fence."""
-    pool = await create_pool(db_dsn, 2, "test")
-    try:
-        repo = JobRepository(pool)
-        job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
-        (zombie,) = await repo.claim("q", 1, WORKER)
-        await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
-        assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
-        # the earlier version's claim: no claim_token in its SET list
-        await conn.execute(
-            "UPDATE dl_jobs SET status = 'running', attempt = attempt + 1,"
-            " claim_seq = claim_seq + 1, lease_expires_at = now() + interval '1 hour'"
-            " WHERE job_id = $1",
-            job.job_id,
-        )
-        assert await conn.fetchval("SELECT claim_token FROM dl_jobs") is None
-        assert await repo.heartbeat([(job.job_id, zombie.claim_token, False)], WORKER) == {}
-        assert await repo.complete_many([(job.job_id, zombie.claim_token)], WORKER) == {}
-        state = await repo.get(job.job_id)
-        assert state is not None
-        assert (state.status, state.attempt) == ("running", 2)
-    finally:
-        await pool.close()
+    job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
+    (zombie,) = await repo.claim("q", 1, WORKER)
+    await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
+    assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
+    # the earlier version's claim: no claim_token in its SET list
+    await conn.execute(
+        "UPDATE dl_jobs SET status = 'running', attempt = attempt + 1,"
+        " claim_seq = claim_seq + 1, lease_expires_at = now() + interval '1 hour'"
+        " WHERE job_id = $1",
+        job.job_id,
+    )
+    assert await conn.fetchval("SELECT claim_token FROM dl_jobs") is None
+    assert await repo.heartbeat([(job.job_id, zombie.claim_token, False)], WORKER) == {}
+    assert await repo.complete_many([(job.job_id, zombie.claim_token)], WORKER) == {}
+    state = await repo.get(job.job_id)
+    assert state is not None
+    assert (state.status, state.attempt) == ("running", 2)
 
 
 async def test_a_success_whose_row_is_held_elsewhere_does_not_hold_up_the_others(
-    conn: asyncpg.Connection, db_dsn: str
+    conn: asyncpg.Connection, repo: JobRepository
 ) -> None:
     """A row locked by someone else (an operator, a pipeline's fence) is skipped by the batched
     completion and reported busy, still ours; the rest of the batch is written at once."""
-    pool = await create_pool(db_dsn, 2, "test", timeout=2)
-    try:
-        repo = JobRepository(pool)
-        for key in ("a", "b"):
-            await repo.enqueue(NewJob(queue="q", task="t", lock_key=key, args={}))
-        held, free = await repo.claim("q", 2, WORKER)
-        jobs = [(held.job_id, held.claim_token), (free.job_id, free.claim_token)]
-        async with conn.transaction():
-            await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR SHARE", held.job_id)
-            written = await asyncio.wait_for(repo.complete_many(jobs, WORKER), timeout=5)
-        assert {job_id: w.kind for job_id, w in written.items()} == {
-            held.job_id: "busy",
-            free.job_id: "done",
-        }
-        again = await repo.complete_many(jobs[:1], WORKER)
-        assert again[held.job_id].kind == "done"
-    finally:
-        await pool.close()
+    for key in ("a", "b"):
+        await repo.enqueue(NewJob(queue="q", task="t", lock_key=key, args={}))
+    held, free = await repo.claim("q", 2, WORKER)
+    jobs = [(held.job_id, held.claim_token), (free.job_id, free.claim_token)]
+    async with conn.transaction():
+        await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR SHARE", held.job_id)
+        written = await asyncio.wait_for(repo.complete_many(jobs, WORKER), timeout=5)
+    assert {job_id: w.kind for job_id, w in written.items()} == {
+        held.job_id: "busy",
+        free.job_id: "done",
+    }
+    again = await repo.complete_many(jobs[:1], WORKER)
+    assert again[held.job_id].kind == "done"
 
 
 async def test_an_outcome_that_can_never_be_written_is_given_up_to_the_reaper(
