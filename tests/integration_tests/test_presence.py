@@ -16,6 +16,7 @@ from dataloader.core import limits
 from dataloader.runner import Runner
 from dataloader.storage import db, queries
 from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.storage.repositories import GuardedPool
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until
@@ -91,7 +92,7 @@ async def test_a_stale_process_is_not_live_and_is_pruned_later(
     await add_worker(conn, "dead", {"q": 1}, ["t.dead"], seen_ago_sec=7200, period_sec=1)
     pool = await db.create_pool(db_dsn, 2, "test-presence")
     try:
-        store = PresenceStore(pool)
+        store = PresenceStore(GuardedPool(pool))
         assert [w.worker_id for w in await store.live_workers()] == ["fresh"]
         assert await store.live_tasks() == {"t.fresh"}
         # a refresh of any process prunes rows not seen for an hour, not merely late ones

@@ -39,7 +39,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Runner(settings, pipelines, run_workers=run_workers) as runner:
             app.state.app_context = runner.context
-            presence = PresenceStore(runner.context.pool, settings.db_timeout_sec)
+            presence = PresenceStore(runner.context.repo.db)
             live_tasks.store = presence
             app.state.presence = presence
             app.state.jobs_service = JobsService(runner.repo, pipelines, settings, live_tasks)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dataloader.storage import queries
-from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Pool
+from dataloader.storage.repositories import GuardedPool
 
 #: Rows of processes not seen for this long are deleted (they died without deregistering).
 PRUNE_AFTER_SEC = 3600.0
@@ -46,16 +46,15 @@ class LiveWorker:
 
 class PresenceStore:
     """The statements of `dl_workers`, on a pool (the workers' own for the presence loop, the
-    API's for the trigger check and /status)."""
+    API's for the trigger check and /status), with its connection hygiene."""
 
-    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
-        self._pool = pool
-        self._timeout = timeout
+    def __init__(self, db: GuardedPool) -> None:
+        self._db = db
 
     async def upsert(self, worker: WorkerInfo) -> None:
         """Record or refresh `worker`'s row (now, by the database's clock), pruning rows of
         processes long dead."""
-        await self._pool.execute(
+        await self._db.execute(
             queries.UPSERT_WORKER,
             worker.worker_id,
             worker.host,
@@ -65,16 +64,15 @@ class PresenceStore:
             worker.tasks,
             worker.period_sec,
             PRUNE_AFTER_SEC,
-            timeout=self._timeout,
         )
 
     async def delete(self, worker_id: str) -> None:
         """Remove a process's row (its clean stop)."""
-        await self._pool.execute(queries.DELETE_WORKER, worker_id, timeout=self._timeout)
+        await self._db.execute(queries.DELETE_WORKER, worker_id)
 
     async def live_workers(self) -> list[LiveWorker]:
         """Live processes, by worker id."""
-        rows = await self._pool.fetch(queries.LIVE_WORKERS, timeout=self._timeout)
+        rows = await self._db.fetch(queries.LIVE_WORKERS)
         return [
             LiveWorker(
                 worker_id=row["worker_id"],
@@ -91,10 +89,10 @@ class PresenceStore:
 
     async def live_tasks(self) -> frozenset[str]:
         """The task names some live process knows."""
-        rows = await self._pool.fetch(queries.LIVE_TASKS, timeout=self._timeout)
+        rows = await self._db.fetch(queries.LIVE_TASKS)
         return frozenset(row["task"] for row in rows)
 
     async def ready_queues(self) -> list[str]:
         """Queues with at least one ready job (one index probe per queued queue)."""
-        rows = await self._pool.fetch(queries.READY_QUEUES, timeout=self._timeout)
+        rows = await self._db.fetch(queries.READY_QUEUES)
         return [row["queue"] for row in rows]

@@ -146,8 +146,8 @@ class JobEvent:
     payload: dict[str, Any] | None
 
 
-class JobRepository:
-    """Queue operations over a connection pool.
+class GuardedPool:
+    """A pool whose statements cannot hang nor leave a bad connection behind.
 
     Every statement waits at most `timeout` seconds for its connection and for its answer (the
     pool's command timeout). A statement that timed out or was cancelled (a pipeline being
@@ -165,7 +165,7 @@ class JobRepository:
         self._abandoned = AbandonedSessions("pool")
 
     @asynccontextmanager
-    async def _conn(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
+    async def connection(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
         """A pool connection, closed instead of reused if a statement was cut short."""
         conn = await self._pool.acquire(timeout=self._timeout)
         try:
@@ -193,17 +193,33 @@ class JobRepository:
         if self._abandoned:
             await self._abandoned.end(conn, self._timeout)  # type: ignore[arg-type]
 
-    async def _fetch(self, query: str, *args: Any) -> list[Record]:
-        async with self._conn() as conn:
+    async def fetch(self, query: str, *args: Any) -> list[Record]:
+        async with self.connection() as conn:
             return await conn.fetch(query, *args)
 
-    async def _fetchrow(self, query: str, *args: Any) -> Record | None:
-        async with self._conn() as conn:
+    async def fetchrow(self, query: str, *args: Any) -> Record | None:
+        async with self.connection() as conn:
             return await conn.fetchrow(query, *args)
 
-    async def _fetchval(self, query: str, *args: Any) -> Any:
-        async with self._conn() as conn:
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async with self.connection() as conn:
             return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        async with self.connection() as conn:
+            return await conn.execute(query, *args)
+
+
+class JobRepository:
+    """Queue operations over a connection pool (with `GuardedPool`'s connection hygiene)."""
+
+    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
+        #: The pool with its connection hygiene (for other stores on the same pool).
+        self.db = GuardedPool(pool, timeout)
+        self._conn = self.db.connection
+        self._fetch = self.db.fetch
+        self._fetchrow = self.db.fetchrow
+        self._fetchval = self.db.fetchval
 
     # producers ---------------------------------------------------------------------------
 

@@ -71,7 +71,7 @@ class WorkerManager:
         )
         self.heartbeat = Heartbeat(self.runtime)
         self.presence = Presence(
-            PresenceStore(self._pool, settings.db_timeout_sec),
+            PresenceStore(self.runtime.repo.db),
             self.runtime.worker_id,
             {spec.queue: spec.concurrency for spec in settings.workers},
             registry,
