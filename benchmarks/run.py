@@ -100,7 +100,7 @@ class Bench:
     async def bulk_insert(self, n: int) -> None:
         async with Runner(self.settings(), run_workers=False) as dl:
             for start in range(0, n, 1000):
-                await dl.repo.enqueue_many([job(i) for i in range(start, min(n, start + 1000))])
+                await dl.client.enqueue_many([job(i) for i in range(start, min(n, start + 1000))])
 
     async def drain(self, n: int, concurrency: int) -> float:
         """Seconds to run `n` queued no-op jobs to `succeeded` (worker start and stop included)."""
@@ -131,7 +131,7 @@ async def enqueue_single(b: Bench) -> dict[str, Any]:
     async with Runner(b.settings(), run_workers=False) as dl:
         started = time.perf_counter()
         for i in range(n):
-            await dl.repo.enqueue(job(i))
+            await dl.client.enqueue(job(i))
         elapsed = time.perf_counter() - started
     return {"jobs": n, "jobs_per_s": n / elapsed}
 
@@ -205,7 +205,7 @@ async def latency(b: Bench) -> dict[str, Any]:
     async with Runner(b.settings(10), registry) as dl:
         await asyncio.sleep(1.0)  # the listener reaches LISTEN
         for i in range(warmup + samples):
-            await dl.repo.enqueue(job(i, {"i": i, "t0": time.perf_counter()}))
+            await dl.client.enqueue(job(i, {"i": i, "t0": time.perf_counter()}))
             await asyncio.sleep(interval)
         await asyncio.wait_for(all_seen.wait(), timeout=30)
     values = [seen[i] * 1000 for i in range(warmup, warmup + samples)]

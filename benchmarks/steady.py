@@ -83,7 +83,7 @@ async def main() -> None:
             due = int((now - began) * args.rate)
             if due > sent:
                 batch = [job(i, {"t0": time.time()}) for i in range(sent, due)]
-                await dl.repo.enqueue_many(batch)
+                await dl.client.enqueue_many(batch)
                 sent = due
             if now >= next_sample:
                 row = dict(await watcher.fetchrow(SIZES))

@@ -53,10 +53,10 @@ async def enqueue(n: int, batch: bool) -> None:
     async with Runner(_settings(), run_workers=False) as dl:
         if batch:
             for start in range(0, n, BATCH):
-                await dl.repo.enqueue_many([_job(i) for i in range(start, min(n, start + BATCH))])
+                await dl.client.enqueue_many([_job(i) for i in range(start, min(n, start + BATCH))])
         else:
             for i in range(n):
-                await dl.repo.enqueue(_job(i))
+                await dl.client.enqueue(_job(i))
 
 
 async def drain(n: int, concurrency: int) -> None:
@@ -71,7 +71,7 @@ async def drain(n: int, concurrency: int) -> None:
     async with Runner(_settings(concurrency), registry) as dl:
         await dl.run_until_empty()
     async with Runner(_settings(), run_workers=False) as dl:
-        counts = (await dl.repo.queue_counts()).get(QUEUE, {})
+        counts = (await dl.context.admin.queue_counts()).get(QUEUE, {})
     if handled < n or counts.get("succeeded") != n:
         raise RuntimeError(f"drain incomplete: handled={handled} counts={counts} n={n}")
 
@@ -89,7 +89,7 @@ async def latency(samples: int, interval_s: float, concurrency: int = 10) -> lis
         total = _common.WARMUP_JOBS + samples
         for i in range(total):
             t0 = time.perf_counter()
-            await dl.repo.enqueue(_job(i, {"i": i, "t0": t0}))
+            await dl.client.enqueue(_job(i, {"i": i, "t0": t0}))
             await asyncio.sleep(interval_s)
         await _common.wait_until(lambda: len(seen) >= total, 30, "latency jobs")
     return [seen[i] for i in range(_common.WARMUP_JOBS, total)]

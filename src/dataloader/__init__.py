@@ -1,56 +1,83 @@
 """dataloader: a PostgreSQL-only job queue and job runner for asyncio.
 
-Library use::
+    import dataloader
 
-    from dataloader import JobContext, pipeline
-
-    @pipeline("etl.load_day")
-    async def load_day(ctx: JobContext[dict]) -> None:
+    @dataloader.task("etl.load_day", queue="etl", retry=dataloader.Exponential(base=5))
+    async def load_day(ctx: dataloader.JobContext[dict]) -> dict:
         ...
+        return {"rows": 1234}                    # the job's result
 
-    # enqueue inside your own transaction (asyncpg connection):
-    from dataloader import NewJob, enqueue
-    await enqueue(conn, NewJob(queue="etl", task="etl.load_day", lock_key="day:2026-01-01",
-                               args={"day": "2026-01-01"}))
+    async with dataloader.Client.connect(dsn) as client:
+        job = await client.enqueue("etl.load_day", {"day": "2026-01-01"}, lock_key="day:1")
+        state = await client.wait(job.job_id)
+
+Run the workers with `dataloader worker` (or the service, `dataloader serve`), or inside your
+own program with `dataloader.Runner`. docs/reference.md lists the public API.
 """
 
 from dataloader.base import JobStatus
+from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
+from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob
+from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
     ConfigError,
     DataloaderError,
+    IdempotencyConflict,
+    InvalidJob,
+    InvalidJobArgs,
     JobCanceled,
     JobLost,
+    JobNotFound,
     NonRetryableError,
+    NotRetryable,
+    Retry,
+    TaskTimeout,
 )
 from dataloader.runner import Runner
-from dataloader.storage.repositories import (
-    JobRepository,
-    JobState,
-    NewJob,
-    enqueue,
-    enqueue_many,
-)
+from dataloader.storage.repositories import JobPage
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry, pipeline, registry
+from dataloader.workers.pipelines.registry import (
+    PipelineRegistry,
+    Task,
+    TaskRegistry,
+    pipeline,
+    registry,
+    task,
+)
 
 __all__ = [
+    "Client",
     "ConfigError",
     "DataloaderError",
+    "EnqueueResult",
+    "Exponential",
+    "Fixed",
+    "IdempotencyConflict",
+    "InvalidJob",
+    "InvalidJobArgs",
     "JobCanceled",
     "JobContext",
+    "JobEvent",
     "JobLost",
-    "JobRepository",
+    "JobNotFound",
+    "JobPage",
     "JobState",
     "JobStatus",
+    "Linear",
     "NewJob",
     "NonRetryableError",
+    "NotRetryable",
     "PipelineRegistry",
+    "Retry",
+    "RetryPolicy",
     "Runner",
     "Settings",
+    "Task",
+    "TaskRegistry",
+    "TaskTimeout",
     "WorkerSpec",
-    "enqueue",
-    "enqueue_many",
     "pipeline",
     "registry",
+    "task",
 ]

@@ -1,5 +1,5 @@
 """The `dataloader` command (also `python -m dataloader`): `serve` (the default when no command
-is given) and `migrate`.
+is given), `worker` (the workers without the HTTP API) and `migrate`.
 
 Start-up problems (bad settings, unreachable database, unknown pipeline module) end the process
 with one line on stderr and a non-zero exit code, never a traceback.
@@ -16,13 +16,13 @@ import socket
 from collections.abc import Callable
 from importlib.metadata import version
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 import uvicorn
 
 from dataloader.config import Settings, load_settings
-from dataloader.context import check_database, resolve_dsn, run_migrations
+from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_dsn, mask_text
@@ -32,6 +32,7 @@ from dataloader.storage.migrate import MigrationReport
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from dataloader.runner import Runner
     from dataloader.workers.manager import WorkerManager
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,9 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings() -> Settings:
+def _settings(**overrides: Any) -> Settings:
     try:
-        return load_settings()
+        return load_settings(**overrides)
     except ConfigError as exc:
         _fail(f"invalid configuration: {exc}", 2)
 
@@ -82,7 +83,10 @@ def _program(
         is_eager=True,
     ),
 ) -> None:
-    """PostgreSQL job queue and job runner. Without a command: serve."""
+    """PostgreSQL job queue and job runner. Without a command: serve.
+
+    Configured by environment variables (DL_DB_DSN, WORKERS_JSON, DL_PIPELINE_MODULES …, see
+    the README) or a .env file in the working directory."""
     if ctx.invoked_subcommand is None:
         serve()
 
@@ -142,11 +146,13 @@ def _address(host: str, port: int) -> str:
 
 
 async def _prepare_database(settings: Settings) -> Settings:
-    """Resolve the DSN (start the embedded server if unset), check the database (one line on
-    failure, not a traceback from the application's start-up), migrate when configured, and
-    say which server it is and how to reach it."""
+    """Resolve the DSN (start the embedded server if unset), check the database and the
+    tasks' database (DL_TARGET_DSN) when set (one line on failure, not a traceback from the
+    application's start-up), migrate when configured, and say which servers they are and how
+    to reach them (passwords masked)."""
     dsn = await resolve_dsn(settings)
     version = await check_database(dsn)
+    target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(dsn)
     embedded = settings.asyncpg_dsn is None
@@ -158,6 +164,14 @@ async def _prepare_database(settings: Settings) -> Settings:
         shown,
         extra={"server_version": version, "embedded": embedded, "dsn": shown},
     )
+    if settings.target_dsn is not None:
+        shown_target = mask_dsn(settings.target_dsn)
+        log.info(
+            "tasks' database (DL_TARGET_DSN): %s at %s",
+            target,
+            shown_target,
+            extra={"target_database": target, "target_dsn": shown_target},
+        )
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 
@@ -203,6 +217,121 @@ def serve() -> None:
     server.run(sockets=[listening])
     if not server.started:
         _fail("the service failed to start (see the log above)", 1)
+
+
+@app.command()
+def worker(
+    drain: bool = typer.Option(
+        False,
+        "--drain",
+        help="Exit (code 0) once no job is ready to run and none is running, instead of"
+        " waiting for new ones. Jobs due later (a retry's delay, available_at) are left for"
+        " the next run. A stop signal before the queues are empty exits with code 1.",
+    ),
+) -> None:
+    """Run the workers without the HTTP API: claim and run jobs, keep their leases, requeue
+    jobs of crashed processes.
+
+    Configured like `serve`: DL_DB_DSN (unset: the embedded PostgreSQL under DL_DATA_DIR),
+    WORKERS_JSON (the queues served and their parallel slots), DL_PIPELINE_MODULES (the
+    modules that register your tasks), DL_TARGET_DSN (the database tasks get as ctx.engine).
+    Jobs are enqueued by other processes: the service's API, a dataloader.Client, SQL.
+
+    Example: DL_DB_DSN=postgresql://etl@db/etl WORKERS_JSON='[{"queue":"etl","concurrency":4}]'
+    DL_PIPELINE_MODULES=myproject.tasks dataloader worker
+
+    SIGTERM or Ctrl+C stops it gracefully: no new job is claimed, running jobs get
+    DL_SHUTDOWN_TIMEOUT_SEC to finish, the rest are handed back to the queue for another
+    worker; a second signal hands them back at once.
+    """
+    # A worker serves no HTTP: the API's own settings must not stop it (an open
+    # DL_HTTP_HOST without tokens is a concern of `serve` only).
+    settings = _settings(allow_unauthenticated=True)
+    configure_logging(settings.log_level)
+    if not settings.workers:
+        _fail("invalid configuration: WORKERS_JSON: lists no queue, so there is no work", 2)
+    try:
+        import_pipelines(settings.pipeline_modules)
+        drained = asyncio.run(_work(settings, drain))
+    except ConfigError as exc:
+        _fail(f"invalid configuration: {exc}", 2)
+    except DataloaderError as exc:
+        _fail(str(exc), 1)
+    if drain and not drained:
+        _fail("stopped by a signal before the queues were drained", 1)
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT of the `worker` command: the first one asks the workers to stop
+    gracefully, a later one cuts the grace period short (running jobs are handed back at
+    once, as `serve` does)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.hurried = False
+        self.runner: Runner | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def __enter__(self) -> _StopSignals:
+        for signum in self.SIGNALS:
+            self._loop.add_signal_handler(signum, self._received, signum)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum in self.SIGNALS:
+            self._loop.remove_signal_handler(signum)
+
+    def _received(self, signum: int) -> None:
+        if not self.requested.is_set():
+            log.info("%s: stopping the workers", signal.Signals(signum).name)
+            self.requested.set()
+            return
+        log.warning("second stop signal: handing running jobs back now")
+        self.hurried = True
+        if self.runner is not None:
+            self.runner.hurry()
+
+
+async def _work(settings: Settings, drain: bool) -> bool:
+    """The `worker` command: run the workers until a stop signal (or, with `drain`, until the
+    queues are drained); True when they were drained."""
+    from dataloader.runner import Runner  # the workers are only needed to run them
+
+    with _StopSignals() as stop:
+        settings = await _prepare_database(settings)
+        if stop.requested.is_set():  # stopped while the database was prepared
+            return False
+        runner = Runner(settings)
+        await runner.start()
+        stop.runner = runner
+        if stop.hurried:  # a second signal came while the workers started
+            runner.hurry()
+        try:
+            return await _until_stopped(runner, stop, drain)
+        finally:
+            await runner.stop()
+
+
+async def _until_stopped(runner: Runner, stop: _StopSignals, drain: bool) -> bool:
+    """Wait for a stop signal or, with `drain`, for the queues to be drained, whichever comes
+    first; True when they were drained."""
+    if not drain:
+        await stop.requested.wait()
+        return False
+    log.info("draining: the workers stop once no job is ready and none is running")
+    drained = asyncio.ensure_future(runner.run_until_empty())
+    stopped = asyncio.ensure_future(stop.requested.wait())
+    await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in (drained, stopped):
+        waiting.cancel()
+    await asyncio.gather(drained, stopped, return_exceptions=True)
+    if drained.cancelled():
+        return False
+    drained.result()  # a failure of the drain itself is a bug: let it show
+    log.info("queues drained")
+    return True
 
 
 @app.command()

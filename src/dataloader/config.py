@@ -130,6 +130,20 @@ class Settings(BaseSettings):
     default_lease_ttl_sec: int = Field(
         default=60, gt=0, le=2_147_483_647, description="Lease of jobs triggered without one."
     )
+    default_max_attempts: int = Field(
+        default=5, ge=1, le=1000, description="Attempts of jobs whose trigger and task name none."
+    )
+    max_result_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        le=100 * 1_048_576,
+        description="Largest task result stored (JSON, in bytes); a larger one fails the attempt.",
+    )
+    target_dsn: str | None = Field(
+        default=None,
+        description="Database of the engine and sessions tasks get (ctx.engine); unset: the"
+        " queue's own.",
+    )
     reaper_period_sec: float = Field(
         default=10, gt=0, le=86_400, description="Expired-lease sweep period."
     )
@@ -205,7 +219,7 @@ class Settings(BaseSettings):
         description="Larger request bodies are refused with 413 before they are read whole.",
     )
 
-    @field_validator("db_dsn")
+    @field_validator("db_dsn", "target_dsn")
     @classmethod
     def _check_dsn(cls, value: str | None) -> str | None:
         if value is None or not value.strip():

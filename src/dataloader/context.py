@@ -1,26 +1,33 @@
 """AppContext: opens and closes every resource of the process in one ordered place: the
 embedded PostgreSQL (when `DL_DB_DSN` is unset), migrations, the asyncpg pool of the queue,
-and a SQLAlchemy async engine/sessionmaker offered to pipelines. All of them connect to one
-database, the queue's own (`DL_DB_DSN` or the embedded one)."""
+the client, a SQLAlchemy async engine/sessionmaker offered to tasks (on `DL_TARGET_DSN`, or
+the queue's database), and what the user's startup hook builds."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dataloader.config import Settings
-from dataloader.exceptions import DatabaseUnavailable, DataloaderError
+from dataloader.exceptions import ConfigError, DatabaseUnavailable, DataloaderError
 from dataloader.logger.utils import mask_dsn
-from dataloader.storage import db
+from dataloader.storage import db, queries
+from dataloader.storage.admin import AdminStore
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.embedded import start_embedded
 from dataloader.storage.migrate import MigrationReport, migrate
-from dataloader.storage.repositories import JobRepository
+
+if TYPE_CHECKING:
+    from dataloader.client import Client
+    from dataloader.workers.pipelines.registry import TaskRegistry
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +43,17 @@ async def resolve_dsn(settings: Settings) -> str:
     return await asyncio.to_thread(start_embedded, settings.data_dir)
 
 
+#: The variable naming the queue's database, and the one naming the tasks' database.
+QUEUE_DSN_VARIABLE = "DL_DB_DSN"
+TARGET_DSN_VARIABLE = "DL_TARGET_DSN"
+
+#: How long closing a pool may wait for connections still in use before they are cut.
+POOL_CLOSE_SEC = 10.0
+
+
 @contextmanager
-def _explained(dsn: str) -> Iterator[None]:
-    """Turn what a user's database setup can do wrong into one line naming `DL_DB_DSN` (the
+def _explained(dsn: str, variable: str = QUEUE_DSN_VARIABLE) -> Iterator[None]:
+    """Turn what a user's database setup can do wrong into one line naming `variable` (the
     password masked); anything else stays a bug with its traceback."""
     where = mask_dsn(dsn)
     try:
@@ -47,20 +62,22 @@ def _explained(dsn: str) -> Iterator[None]:
         asyncpg.InvalidCatalogNameError,  # no such database
         asyncpg.InvalidAuthorizationSpecificationError,  # no such role, wrong password
     ) as exc:
-        raise DatabaseUnavailable(f"DL_DB_DSN ({where}): {exc}") from None
+        raise DatabaseUnavailable(f"{variable} ({where}): {exc}") from None
     except asyncpg.InsufficientPrivilegeError as exc:
+        if variable != QUEUE_DSN_VARIABLE:  # only the queue's tables are dataloader's to create
+            raise DatabaseUnavailable(f"{variable} ({where}): {exc}") from None
         raise DataloaderError(
-            f"DL_DB_DSN ({where}): {exc}: the user must be allowed to create and change"
+            f"{variable} ({where}): {exc}: the user must be allowed to create and change"
             " dataloader's tables; grant it CREATE on the schema, or run `dataloader migrate`"
             " once as a user who may"
         ) from None
     except asyncpg.ReadOnlySQLTransactionError as exc:
         raise DataloaderError(
-            f"DL_DB_DSN ({where}): {exc}: the database is read-only (a standby?);"
+            f"{variable} ({where}): {exc}: the database is read-only (a standby?);"
             " dataloader writes to it, so name the primary"
         ) from None
     except db.CONNECTION_ERRORS as exc:
-        raise DatabaseUnavailable(f"DL_DB_DSN: cannot connect to {where}: {exc}") from None
+        raise DatabaseUnavailable(f"{variable}: cannot connect to {where}: {exc}") from None
 
 
 async def _connect(dsn: str, application_name: str) -> db.Connection:
@@ -86,6 +103,53 @@ async def check_database(dsn: str) -> str:
     return version
 
 
+async def check_target(dsn: str) -> str:
+    """Connect once to the tasks' database (`DL_TARGET_DSN`): it exists and lets us in, so a
+    mistake there stops the start instead of failing every job that uses `ctx.engine`.
+    Returns the database's name."""
+    libpq = db.libpq_dsn(dsn)
+    with _explained(libpq, TARGET_DSN_VARIABLE):
+        conn = await db.connect(libpq, "dataloader-check")
+        try:
+            identity = await conn.fetchrow(queries.DATABASE_IDENTITY)
+        finally:
+            await conn.close()
+    assert identity is not None  # a SELECT without FROM returns its row
+    name: str = identity["database"]
+    return name
+
+
+async def _check_shared_pool(pool: db.Pool, dsn: str) -> None:
+    """A pool given to `Runner(pool=…)` must reach the database the workers connect to
+    (`settings.db_dsn`): jobs enqueued through it would otherwise never be claimed."""
+    conn = await _connect(dsn, "dataloader-check")
+    try:
+        ours = await conn.fetchrow(queries.DATABASE_IDENTITY)
+    finally:
+        await conn.close()
+    theirs = await pool.fetchrow(queries.DATABASE_IDENTITY)
+    # a SELECT without FROM returns its row
+    assert ours is not None
+    assert theirs is not None
+    if tuple(ours) != tuple(theirs):
+        where = "" if ours["database"] != theirs["database"] else " on another server"
+        raise ConfigError(
+            f"Runner(pool=…): the pool reaches database {theirs['database']!r},"
+            f" settings.db_dsn ({mask_dsn(dsn)}) database {ours['database']!r}{where}:"
+            " the pool and db_dsn must reach the same database"
+        )
+
+
+async def _close_pool(pool: db.Pool) -> None:
+    """Close `pool`, waiting for connections in use at most POOL_CLOSE_SEC, then cutting
+    them: a stuck statement must not keep the process from ending."""
+    try:
+        await asyncio.wait_for(pool.close(), timeout=POOL_CLOSE_SEC)
+    except TimeoutError:
+        log.warning("connections still in use after %.0fs: closing them", POOL_CLOSE_SEC)
+        pool.terminate()
+
+
 async def run_migrations(dsn: str) -> MigrationReport:
     """Apply pending migrations on a dedicated connection."""
     conn = await _connect(dsn, "dataloader-migrate")
@@ -96,18 +160,23 @@ async def run_migrations(dsn: str) -> MigrationReport:
         await conn.close()
 
 
+#: A startup hook: builds what tasks need (clients, caches …) once per process; it gets the
+#: AppContext and may return an async context manager (closed at shutdown) or a plain value.
+StartupHook = Callable[["AppContext"], Awaitable[Any] | AbstractAsyncContextManager[Any]]
+
+
 @dataclass(eq=False)
 class AppContext:
-    """Resources shared by the API, the workers and pipelines (as `ctx.app`), every one of them
-    on the queue's database.
+    """Resources shared by the API, the workers and tasks (as `ctx.app`).
 
     * `pool`: the queue's asyncpg pool (its connections are not reset between uses: leave no
-      session state on them);
-    * `engine`, `sessionmaker`: SQLAlchemy async engine and sessions for a pipeline's own tables
-      beside the queue (the engine connects lazily: unused, it costs no connection). A pipeline
-      that writes to another database opens its own engine for it;
-    * `repo`: enqueue, read and cancel jobs;
-    * `dsn`: the database's DSN (with its password, if it has one: never log it as it is).
+      session state on them); a pool given to `Runner(pool=…)` is used as it is;
+    * `client`: enqueue, read, cancel, retry and wait for jobs (`dataloader.Client`);
+    * `engine`, `sessionmaker`: SQLAlchemy async engine and sessions for tasks, on
+      `DL_TARGET_DSN` (the database they load into), or the queue's database when unset (the
+      engine connects lazily: unused, it costs no connection);
+    * `resources`: what the startup hook built (None without one);
+    * `dsn`: the queue's DSN (with its password, if it has one: never log it as it is).
     """
 
     settings: Settings
@@ -115,32 +184,106 @@ class AppContext:
     pool: db.Pool
     engine: AsyncEngine
     sessionmaker: async_sessionmaker[AsyncSession]
-    repo: JobRepository
+    client: Client
+    admin: AdminStore
+    resources: Any = None
+    _owns_pool: bool = True
+    _cleanup: AsyncExitStack | None = None
+    _closed: bool = False
 
     @classmethod
-    async def open(cls, settings: Settings) -> AppContext:
-        """Connect (starting the embedded server if needed) and migrate when configured."""
+    async def open(
+        cls,
+        settings: Settings,
+        registry: TaskRegistry | None = None,
+        *,
+        pool: db.Pool | None = None,
+        startup: StartupHook | None = None,
+    ) -> AppContext:
+        """Connect (starting the embedded server if needed), migrate when configured, and run
+        the startup hook. With `pool`, the queue's statements and tasks share that pool (its
+        owner closes it; it must reach the database of `settings.db_dsn`); the workers still
+        open their own connections to `dsn`. Whatever fails, nothing opened here stays open."""
         dsn = await resolve_dsn(settings)
         if settings.auto_migrate:
             report = await run_migrations(dsn)
             log.info("schema at version %d", report.current)
         else:
             await check_database(dsn)
-        with _explained(dsn):
-            pool = await db.create_pool(
-                dsn, settings.db_pool_size, "dataloader", settings.db_timeout_sec
-            )
-        engine = db.create_engine(dsn)
+        owns_pool = pool is None
+        if pool is None:
+            with _explained(dsn):
+                pool = await db.create_pool(
+                    dsn, settings.db_pool_size, "dataloader", settings.db_timeout_sec
+                )
+        else:
+            await _check_shared_pool(pool, dsn)
+        try:
+            context = cls._assemble(settings, registry, dsn, pool, owns_pool)
+        except BaseException:
+            if owns_pool:
+                await _close_pool(pool)
+            raise
+        if startup is not None:
+            try:
+                await context._start(startup)
+            except BaseException:
+                await context.close()
+                raise
+        return context
+
+    @classmethod
+    def _assemble(
+        cls,
+        settings: Settings,
+        registry: TaskRegistry | None,
+        dsn: str,
+        pool: db.Pool,
+        owns_pool: bool,
+    ) -> AppContext:
+        """The context around an open pool (nothing here connects yet)."""
+        from dataloader.client import Client
+
+        engine = db.create_engine(settings.target_dsn or dsn)
         return cls(
             settings=settings,
             dsn=dsn,
             pool=pool,
             engine=engine,
             sessionmaker=db.create_sessionmaker(engine),
-            repo=JobRepository(pool, settings.db_timeout_sec),
+            client=Client(pool, settings=settings, registry=registry),
+            admin=AdminStore(GuardedPool(pool, settings.db_timeout_sec)),
+            _owns_pool=owns_pool,
         )
 
+    async def _start(self, startup: StartupHook) -> None:
+        """Run the startup hook: an async context manager is entered (and exited by `close`),
+        an awaitable awaited; either gives `resources`."""
+        self._cleanup = AsyncExitStack()
+        made = startup(self)
+        if isinstance(made, AbstractAsyncContextManager):
+            self.resources = await self._cleanup.enter_async_context(made)
+        elif inspect.isawaitable(made):
+            self.resources = await made
+        else:
+            raise TypeError(
+                "the startup hook must return an awaitable or an async context manager"
+                f" (an `async def` function, or one decorated with @asynccontextmanager),"
+                f" not {type(made).__name__}"
+            )
+
     async def close(self) -> None:
-        """Release connections (the embedded server stops when the process exits)."""
-        await self.engine.dispose()
-        await asyncio.wait_for(self.pool.close(), timeout=10)
+        """Close, in this order: what the startup hook opened (it may still use the rest),
+        the client (its listening task), the engine, and the pool if this context opened it
+        (a shared pool is its owner's to close). Every step runs even if one before it fails;
+        closing again does nothing. The embedded server stops when the process exits."""
+        if self._closed:
+            return
+        self._closed = True
+        async with AsyncExitStack() as closing:  # callbacks run last-pushed first
+            if self._owns_pool:
+                closing.push_async_callback(_close_pool, self.pool)
+            closing.push_async_callback(self.engine.dispose)
+            closing.push_async_callback(self.client.close)
+            if self._cleanup is not None:
+                closing.push_async_callback(self._cleanup.aclose)

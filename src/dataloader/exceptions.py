@@ -12,13 +12,19 @@ DataloaderError
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
     └── JobLost             the job is no longer ours (lease reaped, lock connection lost)
 
-NonRetryableError           raise from a pipeline: the job fails at once, no retries
+NonRetryableError           raise from a task: the job fails at once, no retries
+Retry                       raise from a task: try again after a delay the task chooses
+TaskTimeout                 how an attempt that outran its task's `timeout` fails
+NotRetryable                a client's retry of a job that cannot be retried (also ValueError)
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
+
+from dataloader.core.retry import seconds
 
 
 class DataloaderError(Exception):
@@ -61,6 +67,10 @@ class IdempotencyConflict(DataloaderError):
         self.fields = tuple(fields)
 
 
+class NotRetryable(DataloaderError, ValueError):
+    """A client asked to retry a job that cannot be retried; the message says why."""
+
+
 class UnknownTask(DataloaderError):
     """A trigger names a task that no live process knows (see DL_ALLOW_UNKNOWN_TASKS)."""
 
@@ -90,3 +100,36 @@ class JobLost(JobInterrupted):
 
 class NonRetryableError(Exception):
     """Raise from a pipeline to fail the job at once, without further attempts."""
+
+
+class Retry(Exception):
+    """Raise from a task to try the job again after `after` (seconds or a timedelta) instead
+    of the retry policy's delay. The attempt counts: with none left, the job fails."""
+
+    def __init__(self, after: float | timedelta, reason: str = "the task asked to be retried"):
+        super().__init__(reason)
+        self.after_sec = seconds(after, "Retry(after=…)")
+        self.reason = reason
+
+
+class TaskTimeout(Exception):
+    """An attempt ran longer than its task's `timeout`: it was cancelled and failed."""
+
+
+__all__ = [
+    "ConfigError",
+    "DatabaseUnavailable",
+    "DataloaderError",
+    "IdempotencyConflict",
+    "InvalidJob",
+    "InvalidJobArgs",
+    "JobCanceled",
+    "JobInterrupted",
+    "JobLost",
+    "JobNotFound",
+    "NonRetryableError",
+    "NotRetryable",
+    "Retry",
+    "TaskTimeout",
+    "UnknownTask",
+]

@@ -20,7 +20,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dataloader import NewJob, enqueue_many
+from dataloader import NewJob
+from dataloader.storage.repositories import enqueue_many
 
 from ..integration_tests.helpers import wait_until
 from ..integration_tests.procs import Launcher, ServiceProcess, launched

@@ -19,9 +19,9 @@ from fastapi import FastAPI
 
 import dataloader.workers.pipelines.demo  # noqa: F401 - registers demo.* in the default registry
 from dataloader.api import create_app
+from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.context import AppContext
-from dataloader.storage.repositories import JobRepository
 from dataloader.workers.manager import WorkerManager
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
@@ -75,9 +75,14 @@ class Service(JobsApi):
         return manager
 
     @property
-    def repo(self) -> JobRepository:
+    def context(self) -> AppContext:
         context: AppContext = self.app.state.app_context
-        return context.repo
+        return context
+
+    @property
+    def dl(self) -> Client:
+        """The service's dataloader client."""
+        return self.context.client
 
 
 StartService = Callable[..., Awaitable[Service]]

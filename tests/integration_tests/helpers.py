@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
+from dataloader.core.retry import Linear, RetryPolicy
+from dataloader.core.transitions import Outcome, Transition, after_attempt
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.manager import WorkerManager
@@ -163,3 +166,33 @@ async def schema_definitions(conn: asyncpg.Connection) -> dict[str, str]:
         " WHERE enumtypid = 'dl_status'::regtype"
     )
     return found
+
+
+#: Retries at once (the tests of outcomes do not wait for their retry times).
+NO_DELAY = Linear(0)
+
+
+async def finish_claimed(
+    protocol: WorkerProtocol,
+    claimed: ClaimedJob,
+    outcome: Outcome,
+    worker_id: str,
+    retry: RetryPolicy = NO_DELAY,
+) -> Transition | None:
+    """Write `outcome` of a job claimed by hand, as the worker's completer does: decide on the
+    claim's facts, write fenced, decide again if the row changed meanwhile. The transition
+    written, or None when the job was not ours (a busy row fails the test)."""
+    facts = claimed.facts()
+    for _ in range(5):
+        transition = after_attempt(outcome, facts, retry)
+        applied = (await protocol.finish([(claimed, facts, transition)], worker_id)).get(
+            claimed.job_id
+        )
+        if applied is None:
+            return None
+        assert applied.state != "busy", "the job's row is held by someone else"
+        if applied.state == "written":
+            return transition
+        assert applied.facts is not None
+        facts = applied.facts
+    raise AssertionError("the job kept changing")

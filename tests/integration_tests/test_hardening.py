@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 from pydantic import BaseModel, field_validator
 
-from dataloader.storage.repositories import JobRepository
+from dataloader.core.transitions import Ended, Outcome
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
-from .helpers import block_first_run, event_kinds, event_payloads, pipeline_running, wait_until
+from .helpers import (
+    block_first_run,
+    event_kinds,
+    event_payloads,
+    finish_claimed,
+    pipeline_running,
+    wait_until,
+)
 
 
 async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires(
@@ -24,7 +33,8 @@ async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires
 ) -> None:
     stopped = block_first_run(registry, "t.long")
 
-    service = await start_service()
+    # Beats every 2/3 s (a third of the lease): the job must be stopped between two of them.
+    service = await start_service(heartbeat_sec=10)
     job_id = await service.trigger(task="t.long", lease_ttl_sec=2)
     await wait_until(pipeline_running(service.manager, job_id), what="the pipeline to start")
     blocker = await asyncpg.connect(db_dsn)
@@ -33,7 +43,11 @@ async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires
     # Another session holds the row: heartbeats block, the lease cannot be extended.
     await blocker.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", job_id)
     try:
-        await asyncio.wait_for(stopped.wait(), timeout=10)  # stopped before another may run it
+        await asyncio.wait_for(stopped.wait(), timeout=10)
+        # Stopped between two heartbeats, with time left on its lease for the hand-back to be
+        # written before the reaper may take the job (here the row is ours to read).
+        time_left = "SELECT lease_expires_at - clock_timestamp() FROM dl_jobs WHERE job_id = $1"
+        assert await blocker.fetchval(time_left, job_id) > timedelta(seconds=0.1)
     finally:
         await transaction.rollback()
         await blocker.close()
@@ -112,11 +126,12 @@ async def test_a_cancel_that_lands_before_a_backoff_cancels_the_job(
 ) -> None:
     service = await start_service(run_workers=False)
     job_id = await service.trigger(task="demo.noop", queue="manual")
-    repo: JobRepository = service.repo
-    (claimed,) = await repo.claim("manual", 1, "test-worker")
+    protocol = WorkerProtocol(service.context.pool)
+    (claimed,) = await protocol.claim("manual", 1, "test-worker")
     response = await service.client.post(f"/api/v1/jobs/{job_id}/cancel")
     assert response.json()["cancel_requested"] is True
-    assert await repo.backoff(claimed, 60, "test-worker")  # its lock_key turned out busy
+    busy = Outcome(Ended.BACKED_OFF, holder="outside dataloader", backoff_sec=60)
+    assert await finish_claimed(protocol, claimed, busy, "test-worker")  # its key was busy
     body = await service.status(job_id)
     assert (body["status"], body["attempt"]) == ("canceled", 0)
     assert body["finished_at"] is not None

@@ -7,17 +7,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dataloader import (
-    JobContext,
-    NewJob,
-    PipelineRegistry,
-    Runner,
-    Settings,
-    enqueue,
-    enqueue_many,
-)
+from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings
 from dataloader.exceptions import IdempotencyConflict
 from dataloader.storage import db
+from dataloader.storage.repositories import enqueue, enqueue_many
 
 
 def job(i: int, key: str | None = None) -> NewJob:
@@ -39,8 +32,8 @@ async def test_enqueue_many_keeps_input_order_and_idempotency(
     settings: Settings, conn: asyncpg.Connection
 ) -> None:
     async with Runner(settings, run_workers=False) as dl:
-        first = await dl.repo.enqueue(job(0, key="same"))
-        results = await dl.repo.enqueue_many(
+        first = await dl.client.enqueue(job(0, key="same"))
+        results = await dl.client.enqueue_many(
             [job(1), job(0, key="same"), job(3, key="new"), job(3, key="new")]
         )
     assert [r.created for r in results] == [True, False, True, False]
@@ -78,7 +71,7 @@ async def test_run_until_empty_drains_every_ready_job(
         seen.append(ctx.args["i"])
 
     async with Runner(settings, run_workers=False) as dl:
-        await dl.repo.enqueue_many([job(i) for i in range(300)])
+        await dl.client.enqueue_many([job(i) for i in range(300)])
     async with Runner(settings, registry) as dl:
         await dl.run_until_empty()
     assert sorted(seen) == list(range(300))

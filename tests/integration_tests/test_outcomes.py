@@ -7,19 +7,26 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import pytest
 
+from dataloader.core.models import NewJob
+from dataloader.core.retry import Linear
+from dataloader.core.transitions import Ended, Outcome, after_attempt
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import create_pool
-from dataloader.storage.repositories import JobRepository, NewJob
+from dataloader.storage.protocol import WorkerProtocol
+from dataloader.storage.repositories import JobRepository
 from dataloader.workers.completer import MAX_WRITE_ERRORS
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.reaper import Reaper
 
 from .conftest import StartService
-from .helpers import event_kinds, event_payloads, pipeline_running, wait_until
+from .helpers import event_kinds, event_payloads, finish_claimed, pipeline_running, wait_until
 from .test_lock_keys import gated
 
 WORKER = "test-worker"
@@ -41,12 +48,22 @@ FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION cut_success();
 """
 
 
+@dataclass
+class Stores:
+    """The client's and the worker's statements over one pool of the test's database."""
+
+    repo: JobRepository
+    protocol: WorkerProtocol
+
+
 @pytest.fixture
-async def repo(db_dsn: str) -> AsyncIterator[JobRepository]:
-    """The queue's operations over a pool of the test's database."""
+async def stores(db_dsn: str) -> AsyncIterator[Stores]:
     pool = await create_pool(db_dsn, 2, "test")
-    yield JobRepository(pool)
+    yield Stores(JobRepository(GuardedPool(pool)), WorkerProtocol(pool))
     await pool.close()
+
+
+SUCCESS = Outcome(Ended.SUCCEEDED)
 
 
 async def lease_expires_at(conn: asyncpg.Connection, job_id: str) -> Any:
@@ -147,26 +164,19 @@ async def test_pipelines_holding_every_pool_connection_do_not_starve_the_leases(
         assert body["attempt"] == 1
 
 
-async def test_refunded_hand_backs_are_bounded(
-    conn: asyncpg.Connection, repo: JobRepository
-) -> None:
+async def test_refunded_hand_backs_are_bounded(conn: asyncpg.Connection, stores: Stores) -> None:
     """A job that keeps being handed back (say it brings its process down at every run) is
     refunded a bounded number of times; then each hand-back consumes an attempt, and on the
     last one the job is `lost` rather than looping forever."""
+    repo, protocol = stores.repo, stores.protocol
     job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}, max_attempts=1))
     kinds = []
     for _ in range(4):
-        (claim,) = await repo.claim("q", 1, WORKER)
-        written = await repo.release(
-            claim.job_id,
-            claim.claim_token,
-            refund=True,
-            max_refunds=3,
-            worker_id=WORKER,
-            reason="worker shutting down",
-        )
+        (claim,) = await protocol.claim("q", 1, WORKER)
+        handback = Outcome(Ended.HANDED_BACK, "worker shutting down", refund=True)
+        written = await finish_claimed(protocol, claim, handback, WORKER)
         assert written is not None
-        kinds.append(written.kind)
+        kinds.append(written.journal)
     assert kinds == ["requeue", "requeue", "requeue", "lost"]
     payloads = await event_payloads(conn, str(job.job_id), "requeue")
     assert [p["refunded"] for p in payloads] == [True, True, True]
@@ -176,14 +186,15 @@ async def test_refunded_hand_backs_are_bounded(
 
 
 async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
-    conn: asyncpg.Connection, repo: JobRepository
+    conn: asyncpg.Connection, stores: Stores
 ) -> None:
     """After a failover to an asynchronous standby that never received a claim, the new primary
     claims the job again from the same row: the same attempt and claim_seq come out, but not
     the same claim_token, so the lost claim's process (still running) writes nothing."""
+    repo, protocol = stores.repo, stores.protocol
     job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
     before = await conn.fetchrow("SELECT * FROM dl_jobs WHERE job_id = $1", job.job_id)
-    (lost,) = await repo.claim("q", 1, WORKER)
+    (lost,) = await protocol.claim("q", 1, WORKER)
     # The failover: the row is back as the standby last saw it, before that claim.
     await conn.execute(
         "UPDATE dl_jobs SET status = 'queued', attempt = $2, claim_seq = $3,"
@@ -194,27 +205,28 @@ async def test_a_claim_lost_in_a_failover_cannot_pass_for_the_next_one(
         before["claim_seq"],
         before["claim_token"],
     )
-    (new,) = await repo.claim("q", 1, "new-primary-worker")
+    (new,) = await protocol.claim("q", 1, "new-primary-worker")
     assert (new.attempt, new.claim_seq) == (lost.attempt, lost.claim_seq)
     assert new.claim_token != lost.claim_token
-    assert await repo.complete_many([(job.job_id, lost.claim_token)], WORKER) == {}
-    assert await repo.set_progress(job.job_id, lost.claim_token, {"zombie": True}) is None
-    assert await repo.heartbeat([(job.job_id, lost.claim_token, False)], WORKER) == {}
+    assert await finish_claimed(protocol, lost, SUCCESS, WORKER) is None
+    assert await protocol.set_progress(job.job_id, lost.claim_token, '{"zombie": 1}') is None
+    assert await protocol.heartbeat([(job.job_id, lost.claim_token, False)], WORKER) == {}
     state = await repo.get(job.job_id)
     assert state is not None
     assert (state.status, state.progress) == ("running", {})
 
 
 async def test_a_claim_by_an_earlier_version_clears_the_token_of_the_claim_before(
-    conn: asyncpg.Connection, repo: JobRepository
+    conn: asyncpg.Connection, stores: Stores
 ) -> None:
     """During a rolling upgrade a process of the earlier version claims by incrementing
     claim_seq alone; the token of the claim before it must not stay valid, or a process of this
     version still holding that claim (its lease reaped meanwhile) would pass the new fence."""
+    repo, protocol = stores.repo, stores.protocol
     job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
-    (zombie,) = await repo.claim("q", 1, WORKER)
+    (zombie,) = await protocol.claim("q", 1, WORKER)
     await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
-    assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
+    assert await Reaper(protocol, 60, "reaper").run_once() == {"queued": 1}
     # the earlier version's claim: no claim_token in its SET list
     await conn.execute(
         "UPDATE dl_jobs SET status = 'running', attempt = attempt + 1,"
@@ -223,31 +235,35 @@ async def test_a_claim_by_an_earlier_version_clears_the_token_of_the_claim_befor
         job.job_id,
     )
     assert await conn.fetchval("SELECT claim_token FROM dl_jobs") is None
-    assert await repo.heartbeat([(job.job_id, zombie.claim_token, False)], WORKER) == {}
-    assert await repo.complete_many([(job.job_id, zombie.claim_token)], WORKER) == {}
+    assert await protocol.heartbeat([(job.job_id, zombie.claim_token, False)], WORKER) == {}
+    assert await finish_claimed(protocol, zombie, SUCCESS, WORKER) is None
     state = await repo.get(job.job_id)
     assert state is not None
     assert (state.status, state.attempt) == ("running", 2)
 
 
 async def test_a_success_whose_row_is_held_elsewhere_does_not_hold_up_the_others(
-    conn: asyncpg.Connection, repo: JobRepository
+    conn: asyncpg.Connection, stores: Stores
 ) -> None:
     """A row locked by someone else (an operator, a pipeline's fence) is skipped by the batched
     completion and reported busy, still ours; the rest of the batch is written at once."""
+    repo, protocol = stores.repo, stores.protocol
     for key in ("a", "b"):
         await repo.enqueue(NewJob(queue="q", task="t", lock_key=key, args={}))
-    held, free = await repo.claim("q", 2, WORKER)
-    jobs = [(held.job_id, held.claim_token), (free.job_id, free.claim_token)]
+    held, free = await protocol.claim("q", 2, WORKER)
+    outcomes = [
+        (claim, claim.facts(), after_attempt(SUCCESS, claim.facts(), Linear()))
+        for claim in (held, free)
+    ]
     async with conn.transaction():
         await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR SHARE", held.job_id)
-        written = await asyncio.wait_for(repo.complete_many(jobs, WORKER), timeout=5)
-    assert {job_id: w.kind for job_id, w in written.items()} == {
+        written = await asyncio.wait_for(protocol.finish(outcomes, WORKER), timeout=5)
+    assert {job_id: w.state for job_id, w in written.items()} == {
         held.job_id: "busy",
-        free.job_id: "done",
+        free.job_id: "written",
     }
-    again = await repo.complete_many(jobs[:1], WORKER)
-    assert again[held.job_id].kind == "done"
+    again = await protocol.finish(outcomes[:1], WORKER)
+    assert again[held.job_id].state == "written"
 
 
 async def test_an_outcome_that_can_never_be_written_is_given_up_to_the_reaper(

@@ -15,8 +15,8 @@ from dataloader.config import Settings
 from dataloader.core import limits
 from dataloader.runner import Runner
 from dataloader.storage import db, queries
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.presence import PresenceStore, WorkerInfo
-from dataloader.storage.repositories import GuardedPool
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until

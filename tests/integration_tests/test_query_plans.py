@@ -15,20 +15,52 @@ from typing import Any
 
 import pytest
 
+from dataloader.base import JobStatus
+from dataloader.core.retry import Linear
+from dataloader.core.transitions import Ended, JobFacts, Outcome, after_attempt
 from dataloader.storage import db, queries
+from dataloader.storage.transitions import Fence, _arrays
 
 RUNNING = 3000
 
+
+def _apply_args() -> tuple[Any, ...]:
+    """APPLY_TRANSITIONS's arguments for one job's success."""
+    facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
+    fence = Fence(uuid.uuid4(), facts, uuid.uuid4())
+    transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    arrays = _arrays([(fence, transition)])
+    return queries.APPLY_TRANSITIONS.bind(
+        **arrays, actor_role="worker", actor="w", wakes_own_queue=True
+    )
+
+
+def _ids() -> dict[str, Any]:
+    return {"job_id": uuid.uuid4(), "claim_token": uuid.uuid4()}
+
+
 #: Statements that find their rows by primary key, with arguments of the right types.
-BY_PRIMARY_KEY: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "backoff": (queries.BACKOFF_JOB, (uuid.uuid4(), uuid.uuid4(), 1.0, "w")),
-    "heartbeat": (queries.HEARTBEAT_JOBS, ([uuid.uuid4()], [uuid.uuid4()], [True], "w")),
-    "set_progress": (queries.SET_PROGRESS, (uuid.uuid4(), uuid.uuid4(), "{}")),
-    "complete": (queries.COMPLETE_JOBS, ([uuid.uuid4()], [uuid.uuid4()], "w")),
-    "fail": (queries.FAIL_JOB, (uuid.uuid4(), uuid.uuid4(), "boom", True, 1.0, "w")),
-    "cancel_running": (queries.CANCEL_RUNNING_JOB, (uuid.uuid4(), uuid.uuid4(), "w")),
-    "release": (queries.RELEASE_JOB, (uuid.uuid4(), uuid.uuid4(), False, "w", "lost", 3)),
-    "cancel": (queries.CANCEL_JOB, (uuid.uuid4(),)),
+BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
+    "lock_key_holder": queries.LOCK_KEY_HOLDER.bind(**_ids()),
+    "heartbeat": queries.HEARTBEAT_JOBS.bind(
+        job_ids=[uuid.uuid4()], claim_tokens=[uuid.uuid4()], journal=[True], worker_id="w"
+    ),
+    "set_progress": queries.SET_PROGRESS.bind(**_ids(), progress="{}"),
+    "set_checkpoint": queries.SET_CHECKPOINT.bind(**_ids(), checkpoint="{}"),
+    "apply_transitions": _apply_args(),
+    "job_facts": queries.JOB_FACTS.bind(job_id=uuid.uuid4()),
+    "request_on_job": queries.REQUEST_ON_JOB.bind(
+        job_id=uuid.uuid4(),
+        expect_status="running",
+        expect_attempt=1,
+        expect_cancel=False,
+        expect_rerun=False,
+        cancel=True,
+        rerun=False,
+        args=None,
+        journal="cancel_requested",
+        actor="client",
+    ),
 }
 
 
@@ -59,8 +91,7 @@ async def plan_of(conn: db.Connection, statement: str, *args: Any) -> str:
 
 @pytest.mark.parametrize("name", sorted(BY_PRIMARY_KEY))
 async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, name: str) -> None:
-    statement, args = BY_PRIMARY_KEY[name]
-    plan = await plan_of(stale_conn, statement, *args)
+    plan = await plan_of(stale_conn, *BY_PRIMARY_KEY[name])
     assert "dl_jobs_pkey" in plan
     assert "ix_dl_jobs_status_queue" not in plan
 
@@ -68,6 +99,7 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
-    plan = await plan_of(stale_conn, queries.CLAIM_JOBS, "q", 10, "w", uuid.uuid4())
+    claim = queries.CLAIM_JOBS.bind(queue="q", limit=10, worker_id="w", claim_seed=uuid.uuid4())
+    plan = await plan_of(stale_conn, *claim)
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan

@@ -30,13 +30,20 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from dataloader.core.models import NewJob
+from dataloader.core.transitions import MAX_REFUNDED_HANDBACKS, Ended, Outcome
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import create_pool
-from dataloader.storage.repositories import ClaimedJob, JobRepository, NewJob
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.storage.repositories import JobRepository
+from dataloader.workers.reaper import Reaper
+
+from .helpers import finish_claimed
 
 T = TypeVar("T")
 WORKER = "state-machine-worker"
-#: Refunded hand-backs per job in these examples (small, so that the bound is reached).
-MAX_REFUNDS = 2
+#: Refunded hand-backs per job.
+MAX_REFUNDS = MAX_REFUNDED_HANDBACKS
 FINAL = frozenset({"succeeded", "failed", "canceled", "lost"})
 LEGAL = frozenset(
     {
@@ -91,7 +98,8 @@ class JobStateMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.queue = f"sm-{uuid.uuid4().hex[:12]}"
         self.pool = self.run(create_pool(self.dsn, 2, "state-machine"))
-        self.repo = JobRepository(self.pool)
+        self.repo = JobRepository(GuardedPool(self.pool))
+        self.protocol = WorkerProtocol(self.pool)
         self.claims: list[ClaimedJob] = []
         self.jobs: list[uuid.UUID] = []
         self.rows: dict[uuid.UUID, Row] = {}
@@ -138,7 +146,7 @@ class JobStateMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 3))
     def claim(self, limit: int) -> None:
-        claimed = self.run(self.repo.claim(self.queue, limit, WORKER))
+        claimed = self.run(self.protocol.claim(self.queue, limit, WORKER))
         for job in claimed:
             before = self.rows[job.job_id]
             assert before.status == "queued", f"claimed a {before.status} job"
@@ -153,8 +161,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def complete(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"succeeded"})
-        done = self.run(self.repo.complete_many([(claim.job_id, claim.claim_token)], WORKER))
-        assert (claim.job_id in done) == self.current(claim)
+        done = self.run(finish_claimed(self.protocol, claim, Outcome(Ended.SUCCEEDED), WORKER))
+        assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000), retryable=st.booleans())
@@ -163,16 +171,9 @@ class JobStateMachine(RuleBasedStateMachine):
         row = self.rows[claim.job_id]
         outcome = ended(row, retryable and row.attempt < row.max_attempts, otherwise="failed")
         self.expect_outcome(claim, {outcome})
-        self.run(
-            self.repo.fail(
-                claim.job_id,
-                claim.claim_token,
-                "boom",
-                retryable=retryable,
-                retry_base_sec=0,
-                worker_id=WORKER,
-            )
-        )
+        failure = Outcome(Ended.FAILED, "boom", retryable=retryable)
+        done = self.run(finish_claimed(self.protocol, claim, failure, WORKER))
+        assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000), refund=st.booleans())
@@ -182,16 +183,9 @@ class JobStateMachine(RuleBasedStateMachine):
         refunded = refund and row.handbacks < MAX_REFUNDS
         outcome = ended(row, refunded or row.attempt < row.max_attempts, otherwise="lost")
         self.expect_outcome(claim, {outcome})
-        self.run(
-            self.repo.release(
-                claim.job_id,
-                claim.claim_token,
-                refund=refund,
-                max_refunds=MAX_REFUNDS,
-                worker_id=WORKER,
-                reason="test",
-            )
-        )
+        handback = Outcome(Ended.HANDED_BACK, "test", refund=refund)
+        done = self.run(finish_claimed(self.protocol, claim, handback, WORKER))
+        assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000))
@@ -199,15 +193,18 @@ class JobStateMachine(RuleBasedStateMachine):
         claim = self.pick_claim(index)
         outcome = "canceled" if self.rows[claim.job_id].cancel_requested else "queued"
         self.expect_outcome(claim, {outcome})
-        holder = self.run(self.repo.backoff(claim, 0, WORKER))
+        holder = self.run(self.protocol.lock_key_holder(claim))
         assert (holder is not None) == self.current(claim)
+        busy = Outcome(Ended.BACKED_OFF, holder=holder or "none")
+        done = self.run(finish_claimed(self.protocol, claim, busy, WORKER))
+        assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
     @rule(index=st.integers(0, 10_000))
     def stop_on_cancel(self, index: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"canceled"})
-        done = self.run(self.repo.mark_canceled(claim.job_id, claim.claim_token, WORKER))
+        done = self.run(finish_claimed(self.protocol, claim, Outcome(Ended.CANCELED), WORKER))
         assert (done is not None) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -215,7 +212,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def heartbeat(self, index: int, journal: bool) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        ours = self.run(self.repo.heartbeat([(claim.job_id, claim.claim_token, journal)], WORKER))
+        beat = [(claim.job_id, claim.claim_token, journal)]
+        ours = self.run(self.protocol.heartbeat(beat, WORKER))
         assert (claim.job_id in ours) == self.current(claim)
 
     @precondition(lambda self: self.claims)
@@ -223,7 +221,8 @@ class JobStateMachine(RuleBasedStateMachine):
     def progress(self, index: int, step: int) -> None:
         claim = self.pick_claim(index)
         self.expect_outcome(claim, {"running"})
-        answer = self.run(self.repo.set_progress(claim.job_id, claim.claim_token, {"step": step}))
+        progress = f'{{"step": {step}}}'
+        answer = self.run(self.protocol.set_progress(claim.job_id, claim.claim_token, progress))
         assert (answer is not None) == self.current(claim)
 
     @precondition(lambda self: self.jobs)
@@ -249,13 +248,13 @@ class JobStateMachine(RuleBasedStateMachine):
                 claim.job_id,
             )
         )
-        reaped = dict(self.run(self.repo.reap_expired(500, "state-machine-reaper")))
+        reaped = self.run(Reaper(self.protocol, 60, "state-machine-reaper").run_once())
         if row.status == "running":
             outcome = ended(row, row.attempt < row.max_attempts, otherwise="lost")
-            assert reaped.get(claim.job_id) == outcome
+            assert reaped == {outcome: 1}
             self.expect = (claim.job_id, frozenset({outcome}))
         else:
-            assert claim.job_id not in reaped
+            assert reaped == {}
 
     # --- the check after every step ----------------------------------------------------------
 
@@ -319,13 +318,13 @@ async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
     attempt claims the job, and the old attempt's completion arrives late."""
     pool = await create_pool(db_dsn, 2, "state-machine")
     try:
-        repo = JobRepository(pool)
+        repo, protocol = JobRepository(GuardedPool(pool)), WorkerProtocol(pool)
         job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
-        (first,) = await repo.claim("q", 1, WORKER)
+        (first,) = await protocol.claim("q", 1, WORKER)
         await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
-        assert await repo.reap_expired(10, "reaper") == [(job.job_id, "queued")]
-        (second,) = await repo.claim("q", 1, WORKER)
-        assert await repo.complete_many([(first.job_id, first.claim_token)], WORKER) == {}
+        assert await Reaper(protocol, 60, "reaper").run_once() == {"queued": 1}
+        (second,) = await protocol.claim("q", 1, WORKER)
+        assert await finish_claimed(protocol, first, Outcome(Ended.SUCCEEDED), WORKER) is None
         state = await repo.get(job.job_id)
         assert state is not None
         assert (state.status, state.attempt) == ("running", second.attempt)
@@ -336,34 +335,32 @@ async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
 async def test_a_claim_handed_back_with_a_refund_cannot_touch_the_next_claim(
     conn: asyncpg.Connection, db_dsn: str
 ) -> None:
-    """A refund gives the next claim the same attempt number; the claim sequence still tells
+    """A refund gives the next claim the same attempt number; the claim token still tells
     them apart, so the first claim's late writes change nothing."""
     pool = await create_pool(db_dsn, 2, "state-machine")
     try:
-        repo = JobRepository(pool)
+        repo, protocol = JobRepository(GuardedPool(pool)), WorkerProtocol(pool)
         job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
-        (first,) = await repo.claim("q", 1, WORKER)
-        assert await repo.backoff(first, 0, WORKER)  # handed back, attempt refunded
-        (second,) = await repo.claim("q", 1, WORKER)
+        (first,) = await protocol.claim("q", 1, WORKER)
+        busy = Outcome(Ended.BACKED_OFF, holder="none")
+        assert await finish_claimed(protocol, first, busy, WORKER)  # attempt refunded
+        (second,) = await protocol.claim("q", 1, WORKER)
         assert second.attempt == first.attempt  # the same attempt number...
         assert second.claim_token != first.claim_token  # ...but not the same claim
-        assert await repo.set_progress(job.job_id, first.claim_token, {"late": True}) is None
-        assert await repo.heartbeat([(job.job_id, first.claim_token, False)], WORKER) == {}
-        assert await repo.complete_many([(job.job_id, first.claim_token)], WORKER) == {}
-        assert await repo.mark_canceled(job.job_id, first.claim_token, WORKER) is None
-        assert (
-            await repo.release(
-                job.job_id,
-                first.claim_token,
-                refund=True,
-                max_refunds=MAX_REFUNDS,
-                worker_id=WORKER,
-                reason="late",
-            )
-            is None
-        )
+        late = first.claim_token
+        assert await protocol.set_progress(job.job_id, late, '{"late": true}') is None
+        assert await protocol.set_checkpoint(job.job_id, late, '{"late": true}') is None
+        assert await protocol.heartbeat([(job.job_id, late, False)], WORKER) == {}
+        for outcome in (
+            Outcome(Ended.SUCCEEDED),
+            Outcome(Ended.CANCELED),
+            Outcome(Ended.FAILED, "late"),
+            Outcome(Ended.HANDED_BACK, "late", refund=True),
+        ):
+            assert await finish_claimed(protocol, first, outcome, WORKER) is None
         state = await repo.get(job.job_id)
         assert state is not None
         assert (state.status, state.attempt, state.progress) == ("running", 1, {})
+        assert state.checkpoint is None
     finally:
         await pool.close()

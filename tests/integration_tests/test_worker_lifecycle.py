@@ -145,7 +145,7 @@ async def test_unknown_task_is_retried_then_failed(start_service: StartService) 
     job_id = await service.trigger(task="nobody.knows", max_attempts=2)
     body = await service.wait_status(job_id, "failed")
     assert body["attempt"] == 2
-    assert "no pipeline registered for task 'nobody.knows'" in body["error"]
+    assert "no task registered as 'nobody.knows'" in body["error"]
 
 
 async def test_priority_order(start_service: StartService, registry: PipelineRegistry) -> None:

@@ -9,9 +9,13 @@ import time
 from typing import Any
 
 import asyncpg
+import pytest
 
+from dataloader.storage.protocol import WorkerProtocol
+from dataloader.workers import reaper as reaper_module
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.reaper import Reaper
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
 from .helpers import block_first_run, event_kinds, pipeline_running
@@ -161,14 +165,44 @@ async def test_reaper_pass_handles_many_expired_leases_once_each(
         " now() - interval '1 second' FROM generate_series(1, 1200) AS i"
     )
     service = await start_service(run_workers=False)
-    from dataloader.workers.reaper import Reaper
-
-    reapers = [Reaper(service.repo, 60, f"reaper-{i}") for i in range(3)]
+    protocol = WorkerProtocol(service.context.pool)
+    reapers = [Reaper(protocol, 60, f"reaper-{i}") for i in range(3)]
     results = await asyncio.gather(*(r.run_once() for r in reapers))
     assert sum(r.get("queued", 0) for r in results) == 1200
     requeues = await count(conn, "SELECT count(*) FROM dl_job_events WHERE kind = 'requeue'")
     assert requeues == 1200
     assert await count(conn, "SELECT count(*) FROM dl_jobs WHERE status = 'queued'") == 1200
+
+
+async def test_a_reaper_pass_reaches_expired_jobs_behind_rows_held_elsewhere(
+    start_service: StartService,
+    conn: asyncpg.Connection,
+    db_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full batch of expired rows held by someone else (tasks fencing their writes with FOR
+    SHARE) at the head of the list must not hide the expired jobs behind them."""
+    monkeypatch.setattr(reaper_module, "BATCH", 2)
+    await conn.execute(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, lease_expires_at)"
+        " SELECT gen_random_uuid(), 'elsewhere', 'demo.noop', 'k' || i, 'running', 1,"
+        " now() - make_interval(secs => 10 - i) FROM generate_series(1, 3) AS i"
+    )
+    held, _, behind = [
+        r["job_id"] for r in await conn.fetch("SELECT job_id FROM dl_jobs ORDER BY lock_key")
+    ]
+    service = await start_service(run_workers=False)
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():  # the two oldest leases, held as a task's fence holds
+            await holder.execute("SELECT 1 FROM dl_jobs WHERE lock_key IN ('k1', 'k2') FOR SHARE")
+            reaped = await Reaper(WorkerProtocol(service.context.pool), 60, "r").run_once()
+    finally:
+        await holder.close()
+    assert reaped == {"queued": 1}
+    statuses = dict(await conn.fetch("SELECT job_id, status::text FROM dl_jobs"))
+    assert statuses[behind] == "queued"
+    assert statuses[held] == "running"  # reaped at a later pass, once its holder lets go
 
 
 async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(

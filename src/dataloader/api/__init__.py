@@ -20,6 +20,7 @@ from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Settings
 from dataloader.runner import Runner
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.presence import PresenceStore
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
@@ -39,10 +40,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Runner(settings, pipelines, run_workers=run_workers) as runner:
             app.state.app_context = runner.context
-            presence = PresenceStore(runner.context.repo.db)
+            presence = PresenceStore(GuardedPool(runner.context.pool, settings.db_timeout_sec))
             live_tasks.store = presence
             app.state.presence = presence
-            app.state.jobs_service = JobsService(runner.repo, pipelines, settings, live_tasks)
+            app.state.jobs_service = JobsService(runner.client, settings, live_tasks)
             app.state.manager = runner.manager
             yield
 

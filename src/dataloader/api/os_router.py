@@ -45,7 +45,7 @@ async def status(request: Request) -> JSONResponse:
             for w in (state.manager.queues.values() if state.manager else [])
         ],
     }
-    repo = state.app_context.repo
+    repo = state.app_context.admin
     try:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
             counts = await repo.queue_counts()

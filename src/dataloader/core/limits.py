@@ -195,7 +195,51 @@ JOB_FIELD_CHECKS: Final[dict[str, Callable[[object], object]]] = {
     "consumer_group": check_name,
 }
 
-#: Fields of `NewJob` that may be None.
+#: Fields of `NewJob` that may be None (not given: a default fills them).
 OPTIONAL_JOB_FIELDS: Final = frozenset(
-    {"idempotency_key", "available_at", "producer", "consumer_group"}
+    {
+        "queue",
+        "idempotency_key",
+        "priority",
+        "available_at",
+        "max_attempts",
+        "lease_ttl_sec",
+        "producer",
+        "consumer_group",
+    }
 )
+
+
+def result_json(value: object, max_bytes: int, what: str = "the result") -> str | None:
+    """A task's return value (or checkpoint: `what`) as the JSON text stored in jsonb (None
+    for None): pydantic models, dataclasses, datetimes, UUIDs … as pydantic renders them in
+    JSON; refused with a ValueError naming the problem when it is not JSON, holds NUL, or
+    exceeds `max_bytes`."""
+    if value is None:
+        return None
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+    # Two steps, so that each failure is named for what it is: pydantic refuses what has no
+    # JSON form (an unknown type, a cycle, bytes that are not UTF-8, too deep a nesting, a
+    # dict key that cannot be a string) with an error of its own, and json.dumps then refuses
+    # only NaN and Infinity.
+    try:
+        plain = to_jsonable_python(value)
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    try:
+        text = json.dumps(plain, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # the only one left: a float JSON cannot spell
+        raise ValueError(f"{what} holds NaN or Infinity, which JSON cannot") from None
+    except RecursionError:
+        raise ValueError(f"{what} is not JSON: nested too deeply") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise ValueError(f"{what} holds a NUL character, which PostgreSQL cannot store")
+    if not text.isascii() and _SURROGATE.search(text):
+        raise ValueError(f"{what} holds unpaired surrogates (\\ud800-\\udfff)")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ValueError(
+            f"{what} is {size} bytes of JSON, more than DL_MAX_RESULT_BYTES ({max_bytes})"
+        )
+    return text

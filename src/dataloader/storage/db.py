@@ -102,15 +102,27 @@ async def create_pool(
     return pool
 
 
-def sqlalchemy_url(dsn: str) -> str:
-    """SQLAlchemy's spelling of a libpq DSN (driver asyncpg)."""
-    return "postgresql+asyncpg://" + dsn.split("://", 1)[1]
+def libpq_dsn(dsn: str) -> str:
+    """asyncpg's spelling of a DSN (SQLAlchemy's `postgresql+asyncpg://` is accepted too)."""
+    scheme, rest = dsn.split("://", 1) if "://" in dsn else ("postgresql", dsn)
+    return f"postgresql://{rest}" if scheme.startswith("postgresql+") else dsn
 
 
 def create_engine(dsn: str, **kwargs: Any) -> AsyncEngine:
-    """The AppContext's async engine; it connects lazily, so an unused engine costs no
-    connection."""
-    return create_async_engine(sqlalchemy_url(dsn), pool_pre_ping=True, **kwargs)
+    """The AppContext's async engine on `dsn` (libpq or SQLAlchemy spelling); it connects
+    lazily, so an unused engine costs no connection.
+
+    asyncpg reads the DSN itself, exactly as for the queue's connections: SQLAlchemy would
+    pass each query parameter to asyncpg as a keyword, and libpq's (`sslmode=require`,
+    `application_name=…`, `connect_timeout=…`) are not asyncpg's keywords."""
+    libpq = libpq_dsn(dsn)
+
+    async def connect() -> Any:
+        return await asyncpg.connect(libpq)
+
+    return create_async_engine(
+        "postgresql+asyncpg://", async_creator=connect, pool_pre_ping=True, **kwargs
+    )
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

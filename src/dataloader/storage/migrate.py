@@ -11,6 +11,7 @@ import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from dataloader.exceptions import DataloaderError
 from dataloader.storage import queries
@@ -62,16 +63,12 @@ async def migrate(conn: Connection) -> MigrationReport:
                 continue
             async with conn.transaction():
                 if migration.version == 1 and await _spec_schema_present(conn):
-                    await conn.execute(
-                        queries.RECORD_MIGRATION, migration.version, migration.name, True
-                    )
+                    await conn.execute(*_record(migration, adopted=True))
                     adopted.append(migration.version)
                     log.info("adopted the existing spec schema as migration 0001")
                     continue
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    queries.RECORD_MIGRATION, migration.version, migration.name, False
-                )
+                await conn.execute(*_record(migration, adopted=False))
             applied.append(migration.version)
             log.info("applied migration %04d_%s", migration.version, migration.name)
         current = max([*done, *applied, *adopted], default=0)
@@ -99,3 +96,9 @@ async def _spec_schema_present(conn: Connection) -> bool:
             "refusing to migrate it"
         )
     return False
+
+
+def _record(migration: Migration, *, adopted: bool) -> tuple[Any, ...]:
+    return queries.RECORD_MIGRATION.bind(
+        version=migration.version, name=migration.name, adopted=adopted
+    )

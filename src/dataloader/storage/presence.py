@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dataloader.storage import queries
-from dataloader.storage.repositories import GuardedPool
+from dataloader.storage.connections import GuardedPool
 
 #: Rows of processes not seen for this long are deleted (they died without deregistering).
 PRUNE_AFTER_SEC = 3600.0
@@ -55,20 +55,21 @@ class PresenceStore:
         """Record or refresh `worker`'s row (now, by the database's clock), pruning rows of
         processes long dead."""
         await self._db.execute(
-            queries.UPSERT_WORKER,
-            worker.worker_id,
-            worker.host,
-            worker.pid,
-            worker.version,
-            json.dumps(worker.queues),
-            worker.tasks,
-            worker.period_sec,
-            PRUNE_AFTER_SEC,
+            *queries.UPSERT_WORKER.bind(
+                worker_id=worker.worker_id,
+                host=worker.host,
+                pid=worker.pid,
+                version=worker.version,
+                queues=json.dumps(worker.queues),
+                tasks=worker.tasks,
+                period_sec=worker.period_sec,
+                prune_after_sec=PRUNE_AFTER_SEC,
+            )
         )
 
     async def delete(self, worker_id: str) -> None:
         """Remove a process's row (its clean stop)."""
-        await self._db.execute(queries.DELETE_WORKER, worker_id)
+        await self._db.execute(*queries.DELETE_WORKER.bind(worker_id=worker_id))
 
     async def live_workers(self) -> list[LiveWorker]:
         """Live processes, by worker id."""

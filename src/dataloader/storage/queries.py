@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from dataloader.storage.statement import Statement
+
 #: Channel of the spec's trigger: payload = queue name of a job that became ready.
 JOBS_CHANNEL: Final = "dl_jobs"
 #: Our channel for cancel requests of running jobs: payload = job_id.
@@ -26,14 +28,17 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 
 #: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
-#: $3 = args as JSON text: any asyncpg connection sends text, with or without a json codec.
-INSERT_JOB: Final = """
+#: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
+#: `delay_sec` (with no `available_at`) counts from the database's clock.
+INSERT_JOB: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group)
-    VALUES (gen_random_uuid(), $1, $2, $3::text::jsonb, $4, $5, $6, $7, COALESCE($8, now()), $9,
-            $10, $11, $12)
+    VALUES (gen_random_uuid(), :queue, :task, :args::text::jsonb, :idempotency_key, :lock_key,
+            :partition_key, :priority,
+            COALESCE(:available_at, now() + make_interval(secs => COALESCE(:delay_sec, 0))),
+            :max_attempts, :lease_ttl_sec, :producer, :consumer_group)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (
@@ -41,25 +46,32 @@ WITH ins AS (
     SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
 )
 SELECT job_id, status::text AS status FROM ins
-"""
+""")
 
-#: Insert many jobs in one statement (arrays, one element per job; $1 = job ids chosen by the
-#: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped;
-#: the inserted ids come back. Journals `queued` for each inserted job.
-INSERT_JOBS: Final = """
+#: Insert many jobs in one statement (arrays, one element per job; `job_ids` chosen by the
+#: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped,
+#: and so are repeats of a key within the batch (its first occurrence is inserted); the
+#: inserted ids come back. Journals `queued` for each inserted job.
+INSERT_JOBS: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key, t.lock_key,
-           t.partition_key, t.priority, COALESCE(t.available_at, now()), t.max_attempts,
-           t.lease_ttl_sec, t.producer, t.consumer_group
-    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::int[], $9::timestamptz[], $10::int[], $11::int[], $12::text[],
-                $13::text[])
+           t.partition_key, t.priority,
+           COALESCE(t.available_at, now() + make_interval(secs => COALESCE(t.delay_sec, 0))),
+           t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group
+    FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
+                :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
+                :priority::int[], :available_at::timestamptz[], :delay_sec::float8[],
+                :max_attempts::int[], :lease_ttl_sec::int[], :producer::text[],
+                :consumer_group::text[]) WITH ORDINALITY
          AS t(job_id, queue, task, args, idempotency_key, lock_key, partition_key, priority,
-              available_at, max_attempts, lease_ttl_sec, producer, consumer_group)
-    ORDER BY t.idempotency_key  -- one key order for every batch: no deadlock between batches
+              available_at, delay_sec, max_attempts, lease_ttl_sec, producer, consumer_group,
+              n)
+    -- one key order for every batch: no deadlock between batches; rows are inserted in this
+    -- order, so of a key repeated in the batch the first occurrence is the one inserted
+    ORDER BY t.idempotency_key, t.n
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, available_at
 ), ev AS (
@@ -67,16 +79,17 @@ WITH ins AS (
     SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
 )
 SELECT job_id FROM ins
-"""
+""")
 
-#: The jobs holding some idempotency keys, and which fields of the jobs asked for under those
-#: keys differ from theirs (arrays, one element per asked-for job, in INSERT_JOBS's order
-#: without the ids). "The same job" compares every field as it would be stored (a default is a
-#: value), except that an omitted (NULL) available_at, producer or consumer_group is no
-#: difference; a given available_at is compared with the one the job was queued with (its
-#: `queued` event), not with today's, which retries and backoffs move.
-JOBS_BY_IDEMPOTENCY: Final = """
-SELECT t.idempotency_key, j.job_id, j.status::text AS status,
+#: The jobs holding some idempotency keys (their facts, for a re-run), and which fields of the
+#: jobs asked for under those keys differ from theirs (arrays, one element per asked-for job).
+#: "The same job" compares every field as it would be stored (a default is a value), except
+#: that an omitted (NULL) available_at, producer or consumer_group is no difference; a given
+#: available_at is compared with the one the job was queued with (its `queued` event), not with
+#: today's, which retries and backoffs move. A delay is never a difference.
+JOBS_BY_IDEMPOTENCY: Final = Statement("""
+SELECT t.idempotency_key, j.job_id, j.status::text AS status, j.attempt, j.max_attempts,
+       j.handbacks, j.cancel_requested, j.rerun_requested,
        array_remove(ARRAY[
            CASE WHEN j.queue <> t.queue THEN 'queue' END,
            CASE WHEN j.task <> t.task THEN 'task' END,
@@ -96,21 +109,63 @@ SELECT t.idempotency_key, j.job_id, j.status::text AS status,
            CASE WHEN j.consumer_group IS DISTINCT FROM COALESCE(t.consumer_group, j.consumer_group)
                 THEN 'consumer_group' END
        ], NULL) AS differs
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-            $8::timestamptz[], $9::int[], $10::int[], $11::text[], $12::text[])
+FROM unnest(:queue::text[], :task::text[], :args::text[], :idempotency_key::text[],
+            :lock_key::text[], :partition_key::text[], :priority::int[],
+            :available_at::timestamptz[], :max_attempts::int[], :lease_ttl_sec::int[],
+            :producer::text[], :consumer_group::text[])
      AS t(queue, task, args, idempotency_key, lock_key, partition_key, priority, available_at,
           max_attempts, lease_ttl_sec, producer, consumer_group)
 JOIN dl_jobs j ON j.idempotency_key = t.idempotency_key
-"""
+""")
 
 # --- readers -------------------------------------------------------------------------------
 
-#: One job's public state.
-JOB_STATUS: Final = """
+#: One job as readers see it. JSON comes back as text, whatever codec the connection has (the
+#: client may run on a pool or an engine that is not ours).
+JOB_STATUS: Final = Statement("""
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
-       created_at, available_at, started_at, finished_at, heartbeat_at, error, progress
-FROM dl_jobs WHERE job_id = $1
-"""
+       created_at, available_at, started_at, finished_at, heartbeat_at, error,
+       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
+FROM dl_jobs WHERE job_id = :job_id
+""")
+
+#: A page of jobs, newest first, by keyset (`after_created`, `after_id`: the last job of the
+#: previous page); each filter applies when given (not NULL). The caller asks for one row
+#: more than it shows, to learn whether another page follows.
+LIST_JOBS: Final = Statement("""
+SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
+       created_at, available_at, started_at, finished_at, heartbeat_at, error,
+       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
+FROM dl_jobs
+WHERE (:queue::text IS NULL OR queue = :queue)
+  AND (:status::text IS NULL OR status::text = :status)
+  AND (:task::text IS NULL OR task = :task)
+  AND (:lock_key::text IS NULL OR lock_key = :lock_key)
+  AND (:created_from::timestamptz IS NULL OR created_at >= :created_from)
+  AND (:created_until::timestamptz IS NULL OR created_at < :created_until)
+  AND (:after_created::timestamptz IS NULL
+       OR (created_at, job_id) < (:after_created, :after_id::uuid))
+ORDER BY created_at DESC, job_id DESC
+LIMIT :limit
+""")
+
+#: What the client decides a cancel, a retry or a re-run on.
+JOB_FACTS: Final = Statement("""
+SELECT status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
+       rerun_requested
+FROM dl_jobs WHERE job_id = :job_id
+""")
+
+#: A job's journal, oldest first (payloads as JSON text).
+JOB_EVENTS: Final = Statement("""
+SELECT event_id, kind, ts, payload::text AS payload FROM dl_job_events
+WHERE job_id = :job_id ORDER BY event_id
+""")
+
+#: Whether the database was ever migrated by dataloader (see APPLIED_MIGRATIONS).
+MIGRATIONS_TABLE_PRESENT: Final = "SELECT to_regclass('dl_schema_migrations') IS NOT NULL"
 
 #: Job counts per queue and status (for /status).
 QUEUE_COUNTS: Final = """
@@ -144,58 +199,58 @@ SELECT count(*) FROM dl_job_events
 WHERE kind = 'lock_key_collision' AND ts > now() - interval '1 hour'
 """
 
-#: A job's journal, oldest first.
-JOB_EVENTS: Final = """
-SELECT event_id, kind, ts, payload FROM dl_job_events WHERE job_id = $1 ORDER BY event_id
-"""
+# --- client requests -----------------------------------------------------------------------
 
-# --- cancel --------------------------------------------------------------------------------
-
-#: Cancel: a queued job becomes `canceled` at once; a running one gets `cancel_requested`.
-#: Finished jobs (and already-requested ones) are left alone. Returns the new status if changed.
-CANCEL_JOB: Final = """
+#: A client's request on a job that keeps its status (see `core.transitions.Request`): set
+#: `cancel_requested` or `rerun_requested`, and replace its args when given (a re-run's newest
+#: version), fenced on the facts it was decided on; journals it, and wakes the worker running a
+#: job whose cancel was requested. Returns no row when the job no longer matches.
+REQUEST_ON_JOB: Final = Statement("""
 WITH upd AS (
     UPDATE dl_jobs
-    SET cancel_requested = true,
-        status = CASE WHEN status = 'queued' THEN 'canceled'::dl_status ELSE status END,
-        finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END
-    WHERE job_id = $1
-      AND (status::text = 'queued' OR (status::text = 'running' AND NOT cancel_requested))
-    RETURNING job_id, queue, status, attempt
+    SET cancel_requested = cancel_requested OR :cancel,
+        rerun_requested = rerun_requested OR :rerun,
+        args = COALESCE(:args::text::jsonb, args),
+        -- a queued job's newest version starts from the beginning (a running one's re-run
+        -- clears it when the run ends)
+        checkpoint = CASE WHEN :args::text IS NOT NULL AND status::text = 'queued' THEN NULL
+                          ELSE checkpoint END
+    WHERE job_id = :job_id AND status::text = :expect_status AND attempt = :expect_attempt
+      AND cancel_requested = :expect_cancel AND rerun_requested = :expect_rerun
+    RETURNING job_id, queue, attempt
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue,
-           CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'cancel_requested' END,
-           jsonb_build_object('attempt', attempt, 'by', 'api')
+    SELECT job_id, queue, :journal, jsonb_build_object('attempt', attempt, 'by', :actor::text)
     FROM upd
 )
-SELECT status::text AS status FROM upd
-"""
-
-#: Wake the worker running a job whose cancel was just requested.
-NOTIFY_CANCEL: Final = "SELECT pg_notify('dl_jobs_cancel', $1::text)"
+, woken AS (
+    SELECT pg_notify('dl_jobs_cancel', job_id::text) FROM upd WHERE :cancel
+)
+SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) AS woken
+""")
 
 # --- workers: claim ----------------------------------------------------------------------------
 
-#: Claim up to $2 ready jobs of queue $1 (the spec's CTE, batched). Jobs whose lock_key hash is
+#: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched). Jobs whose lock_key hash is
 #: already running are skipped (they would only back off; keys that collide under hashtext wait
 #: in claim order like jobs of one key), and one job per hash is taken per batch. Each claim
 #: increments `claim_seq` and takes a new `claim_token`, the fence of every later write: the
-#: md5 of a random UUID the worker draws for the claim ($4) and the row's number in the batch,
-#: unique for every claim on any server (PostgreSQL's gen_random_uuid() cost ~13 µs a row
-#: here, a tenth of a claim of ten). Journals `picked`. $3 = worker id.
-CLAIM_JOBS: Final = """
+#: md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's number in
+#: the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid() cost ~13 µs a row
+#: here, a tenth of a claim of ten). Records the worker and journals `picked`. The checkpoint
+#: comes back as JSON text, whatever codec the connection has.
+CLAIM_JOBS: Final = Statement("""
 WITH candidates AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at
     FROM dl_jobs j
-    WHERE j.status = 'queued' AND j.queue = $1 AND j.available_at <= now()
+    WHERE j.status = 'queued' AND j.queue = :queue AND j.available_at <= now()
       -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
       -- purpose: a bare NOT EXISTS becomes an anti-join that may scan every running job.
       AND NOT (SELECT EXISTS (
           SELECT 1 FROM dl_jobs r
           WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(j.lock_key)))
     ORDER BY j.priority ASC, j.created_at ASC
-    LIMIT $2
+    LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT job_id, row_number() OVER () AS n FROM (
@@ -208,84 +263,62 @@ WITH candidates AS (
         started_at = COALESCE(j.started_at, now()),
         attempt = j.attempt + 1,
         claim_seq = j.claim_seq + 1,
-        claim_token = md5($4::uuid::text || '/' || picked.n)::uuid,
+        claim_token = md5(:claim_seed::uuid::text || '/' || picked.n)::uuid,
+        worker_id = :worker_id,
         lease_expires_at = now() + make_interval(secs => j.lease_ttl_sec),
         heartbeat_at = now()
     FROM picked
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
-              j.lease_ttl_sec, j.cancel_requested, j.claim_seq, j.claim_token
+              j.lease_ttl_sec, j.cancel_requested, j.claim_seq, j.claim_token, j.handbacks,
+              j.rerun_requested, j.checkpoint::text AS checkpoint
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+    SELECT job_id, queue, 'picked',
+           jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM claimed
 )
 SELECT * FROM claimed ORDER BY priority, created_at
-"""
+""")
 
-#: Seconds until the earliest delayed job of queue $1 becomes due (NULL: none).
-NEXT_DUE_IN: Final = """
+#: Seconds until the earliest delayed job of `queue` becomes due (NULL: none).
+NEXT_DUE_IN: Final = Statement("""
 SELECT EXTRACT(EPOCH FROM min(available_at) - now())::float8 AS seconds
-FROM dl_jobs WHERE status = 'queued' AND queue = $1 AND available_at > now()
-"""
+FROM dl_jobs WHERE status = 'queued' AND queue = :queue AND available_at > now()
+""")
 
-#: Busy lock_key: hand the job back, refunding the attempt (it never ran); a job whose cancel was
-#: requested meanwhile ends `canceled` instead. When it may run again depends on who holds the
-#: key's lock (`payload.holder`):
-#: * nobody any more (the holder ended meanwhile): at once;
-#: * a running job of the key's hash: at once too, because claims skip it while that job runs,
-#:   and that job's end wakes its queue (dl_wake_lock_waiter);
-#: * someone outside dataloader (another service sharing the lock space): after $3 seconds.
-#: $4 = worker id.
-BACKOFF_JOB: Final = """
-WITH holder AS (
-    SELECT CASE
-        WHEN pg_try_advisory_xact_lock(hashtext(j.lock_key)) THEN 'none'
-        WHEN EXISTS (SELECT 1 FROM dl_jobs r
-                     WHERE (r.status = 'running') IS TRUE
-                       AND hashtext(r.lock_key) = hashtext(j.lock_key) AND r.job_id <> j.job_id)
-            THEN 'running job'
-        ELSE 'outside dataloader' END AS holder
-    FROM dl_jobs j
-    WHERE j.job_id = $1 AND j.status::text = 'running' AND j.claim_token = $2
-), upd AS (
-    UPDATE dl_jobs
-    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
-                      ELSE 'queued'::dl_status END,
-        attempt = attempt - 1,
-        available_at = CASE WHEN holder.holder = 'outside dataloader'
-                            THEN now() + make_interval(secs => $3::float8) ELSE now() END,
-        lease_expires_at = NULL,
-        finished_at = CASE WHEN cancel_requested THEN now() END,
-        started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END,
-        heartbeat_at = CASE WHEN attempt = 1 THEN NULL ELSE heartbeat_at END
-    FROM holder
-    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
-    RETURNING job_id, queue, status, attempt + 1 AS claimed_attempt, available_at, holder.holder
-)
-INSERT INTO dl_job_events (job_id, queue, kind, payload)
-SELECT job_id, queue, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'backoff' END,
-       jsonb_build_object('attempt', claimed_attempt, 'worker', $4::text, 'holder', holder,
-                          'retry_at', available_at)
-FROM upd
-RETURNING payload->>'holder' AS holder
-"""
+#: Who holds the lock_key of a claimed job (`job_id`) that could not take it: `none` (the
+#: holder ended meanwhile), `running job` (a running job of the same hash: claims skip the key
+#: while it runs, and its end wakes the waiters), or `outside dataloader` (another service
+#: sharing the lock space: the job waits the backoff delay). No row: the job is not ours.
+LOCK_KEY_HOLDER: Final = Statement("""
+SELECT CASE
+    WHEN pg_try_advisory_xact_lock(hashtext(j.lock_key)) THEN 'none'
+    WHEN EXISTS (SELECT 1 FROM dl_jobs r
+                 WHERE (r.status = 'running') IS TRUE
+                   AND hashtext(r.lock_key) = hashtext(j.lock_key) AND r.job_id <> j.job_id)
+        THEN 'running job'
+    ELSE 'outside dataloader' END AS holder
+FROM dl_jobs j
+WHERE j.job_id = :job_id AND j.status::text = 'running' AND j.claim_token = :claim_token
+""")
 
 # --- workers: while running --------------------------------------------------------------------
 
-#: Extend the leases of many running jobs at once ($1 ids, $2 claim tokens); journal a
-#: `heartbeat` for those flagged in $3 (throttled by the caller). Returns the jobs still ours,
-#: whether their cancel was requested, and whether their lease was extended. Rows locked by
+#: Extend the leases of many running jobs at once (`job_ids`, `claim_tokens`); journal a
+#: `heartbeat` for those flagged in `journal` (throttled by the caller). Returns the jobs still
+#: ours, whether their cancel was requested, and whether their lease was extended. Rows locked by
 #: someone else (a pipeline fencing its own writes with FOR SHARE, an operator) are skipped, not
 #: waited for: one locked row must not hold up every other lease of the process. Such a job is
 #: still ours (it is reported with `extended` false) and is extended at a later beat. A job
 #: missing from the answer is no longer ours. FOR NO KEY UPDATE, like the UPDATE itself, does
 #: not conflict with the key-share locks of journal inserts.
-HEARTBEAT_JOBS: Final = """
+HEARTBEAT_JOBS: Final = Statement("""
 WITH mine AS (
     SELECT j.job_id, t.journal FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::uuid[], $3::bool[]) AS t(job_id, claim_token, journal)
+    JOIN unnest(:job_ids::uuid[], :claim_tokens::uuid[], :journal::bool[])
+         AS t(job_id, claim_token, journal)
       ON j.job_id = t.job_id AND j.claim_token = t.claim_token
     WHERE j.status::text = 'running'
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -297,53 +330,141 @@ WITH mine AS (
     RETURNING j.job_id, j.queue, j.attempt, j.cancel_requested, mine.journal
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'heartbeat', jsonb_build_object('attempt', attempt, 'worker', $4::text)
+    SELECT job_id, queue, 'heartbeat',
+           jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM beat WHERE journal
 )
 SELECT job_id, cancel_requested, true AS extended FROM beat
 UNION ALL
 SELECT j.job_id, j.cancel_requested, false AS extended FROM dl_jobs j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
+JOIN unnest(:job_ids::uuid[], :claim_tokens::uuid[]) AS t(job_id, claim_token)
   ON j.job_id = t.job_id AND j.claim_token = t.claim_token
 WHERE j.status::text = 'running' AND j.job_id NOT IN (SELECT job_id FROM mine)
-"""
+""")
 
-#: Store a running job's progress. Returns cancel_requested, or no row if the job is not ours.
-SET_PROGRESS: Final = """
-UPDATE dl_jobs SET progress = $3::jsonb
-WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
+#: Store a running job's progress (JSON text). Returns cancel_requested, or no row if the job is
+#: not ours.
+SET_PROGRESS: Final = Statement("""
+UPDATE dl_jobs SET progress = :progress::text::jsonb
+WHERE job_id = :job_id AND status::text = 'running' AND claim_token = :claim_token
 RETURNING cancel_requested
-"""
+""")
 
-# --- workers: finish ---------------------------------------------------------------------------
-# Every statement below that takes a job out of `running` calls dl_wake_lock_waiter for it
-# (migration 0006): the next job waiting for its lock_key is woken on whichever replica serves
-# its queue. Each returns whether that job had waited because of a lock_key collision.
+#: Store a running job's checkpoint (JSON text), fenced like progress: the next attempt resumes
+#: from it. Returns cancel_requested, or no row if the job is not ours.
+SET_CHECKPOINT: Final = Statement("""
+UPDATE dl_jobs SET checkpoint = :checkpoint::text::jsonb
+WHERE job_id = :job_id AND status::text = 'running' AND claim_token = :claim_token
+RETURNING cancel_requested
+""")
 
-#: Success (spec §6.3) of many jobs at once ($1 ids, $2 their claims' tokens), fenced per job;
-#: clears the error text a failed earlier attempt left behind. A row someone else has locked is
-#: skipped, not waited for (one locked row must not hold up the batch): it comes back with
-#: `busy`, still ours, to be written again. A job missing from the answer is no longer ours.
-COMPLETE_JOBS: Final = """
-WITH mine AS (
-    SELECT j.job_id FROM dl_jobs j
-    JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
-      ON j.job_id = t.job_id AND j.claim_token = t.claim_token
-    WHERE j.status::text = 'running'
+# --- transitions --------------------------------------------------------------------------
+
+#: Apply decided transitions (dataloader.core.transitions), one array element per job. A job is
+#: written only if its row still matches the facts the transition was decided on: its status
+#: (`expect_status`), the claim that decided it (`expect_tokens`, NULL for a client's move of a
+#: job nobody runs), its attempt and flags, and for the reaper (`expect_expired`) a lease still
+#: expired (a heartbeat may have extended it since it was read). Each job comes back as
+#: * `written`, with whether the job woken next had waited because of a lock_key collision;
+#: * `changed`: the identity holds but the attempt or a flag differs (a cancel or re-run was
+#:   requested meanwhile): its facts come back, to decide again;
+#: * `busy`: someone else holds the row (a pipeline fencing its writes with FOR SHARE): it is
+#:   skipped, not waited for, so one locked row cannot hold up the batch;
+#: a job missing from the answer no longer matches (it is not ours any more).
+#: A job leaving `running` wakes the next job waiting for its lock_key's hash (migration 0006),
+#: on whichever replica serves its queue; with `wakes_own_queue` (a worker, which serves the
+#: job's queue) a waiter of the same queue is not notified: the caller wakes its queue itself.
+#: The journal entry records the attempt that ended, `actor_role: actor` and the transition's
+#: detail (JSON text). The yes/no parts of each transition come packed in `flags` (one int per
+#: job instead of eleven arrays: asyncpg's encoding of each array element is most of the cost
+#: of a batch of outcomes on the worker's side); storage/transitions.py names the bits.
+APPLY_TRANSITIONS: Final = Statement("""
+WITH t AS (
+    SELECT u.job_id, u.expect_status, u.expect_token, u.expect_attempt, u.status, u.attempt,
+           u.handbacks, u.retry_in, u.error, u.result, u.duration_ms, u.args, u.journal,
+           u.detail,
+           -- the transition's yes/no parts, packed in one integer (bits in TRANSITION_FLAGS)
+           (u.flags & 1) <> 0 AS expect_cancel,
+           (u.flags & 2) <> 0 AS expect_rerun,
+           (u.flags & 4) <> 0 AS expect_expired,
+           (u.flags & 8) <> 0 AS finished,
+           (u.flags & 16) <> 0 AS set_error,
+           (u.flags & 32) <> 0 AS set_result,
+           (u.flags & 64) <> 0 AS set_duration,
+           (u.flags & 128) <> 0 AS clear_start,
+           (u.flags & 256) <> 0 AS clear_checkpoint,
+           CASE WHEN (u.flags & 512) <> 0 THEN (u.flags & 1024) <> 0 END AS cancel_requested,
+           CASE WHEN (u.flags & 2048) <> 0 THEN (u.flags & 4096) <> 0 END AS rerun_requested
+    FROM unnest(
+        :job_ids::uuid[], :expect_status::text[], :expect_tokens::uuid[], :expect_attempt::int[],
+        :status::text[], :attempt::int[], :handbacks::int[], :retry_in::float8[],
+        :error::text[], :result::text[], :duration_ms::bigint[], :args::text[],
+        :journal::text[], :detail::text[], :flags::int[])
+    AS u(job_id, expect_status, expect_token, expect_attempt, status, attempt, handbacks,
+         retry_in, error, result, duration_ms, args, journal, detail, flags)
+), ident AS (
+    SELECT j.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
+    WHERE j.status::text = t.expect_status
+      AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
+      AND (NOT t.expect_expired OR j.lease_expires_at < now())
+), mine AS (
+    -- the same test again under the row lock (a row changed since the snapshot is tested as it
+    -- is now); a row this skips was locked by someone else, or stopped matching meanwhile. It
+    -- reads the row's facts as they are now, for a job to be decided again.
+    SELECT j.job_id, j.status::text AS status, j.attempt, j.max_attempts, j.handbacks,
+           j.cancel_requested, j.rerun_requested
+    FROM dl_jobs j JOIN t ON j.job_id = t.job_id
+    WHERE j.status::text = t.expect_status
+      AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
+      AND (NOT t.expect_expired OR j.lease_expires_at < now())
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), upd AS (
     UPDATE dl_jobs j
-    SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, error = NULL
-    FROM mine WHERE j.job_id = mine.job_id
-    RETURNING j.job_id, j.queue, j.attempt, j.lock_key
+    SET status = t.status::dl_status,
+        attempt = t.attempt,
+        handbacks = t.handbacks,
+        available_at = COALESCE(now() + make_interval(secs => t.retry_in), j.available_at),
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN t.finished THEN now() END,
+        error = CASE WHEN t.set_error THEN t.error ELSE j.error END,
+        result = CASE WHEN t.set_result THEN t.result::jsonb ELSE j.result END,
+        duration_ms = CASE WHEN t.set_duration THEN t.duration_ms ELSE j.duration_ms END,
+        started_at = CASE WHEN t.clear_start THEN NULL ELSE j.started_at END,
+        heartbeat_at = CASE WHEN t.clear_start THEN NULL ELSE j.heartbeat_at END,
+        cancel_requested = COALESCE(t.cancel_requested, j.cancel_requested),
+        rerun_requested = COALESCE(t.rerun_requested, j.rerun_requested),
+        checkpoint = CASE WHEN t.clear_checkpoint THEN NULL ELSE j.checkpoint END,
+        args = COALESCE(t.args::jsonb, j.args)
+    FROM t, mine
+    WHERE j.job_id = mine.job_id AND t.job_id = mine.job_id
+      -- the element of `t` whose fence `mine` found holding (the same job may come twice,
+      -- from two claims: the row must take the transition of the claim that owns it)
+      AND j.status::text = t.expect_status
+      AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
+      AND j.attempt = t.expect_attempt AND j.cancel_requested = t.expect_cancel
+      AND j.rerun_requested = t.expect_rerun
+    RETURNING j.job_id, j.queue, j.lock_key, j.available_at, j.status, t.expect_status,
+              t.expect_attempt, t.journal, t.detail
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'done', jsonb_build_object('attempt', attempt, 'worker', $3::text)
+    SELECT job_id, queue, journal,
+           jsonb_build_object('attempt', expect_attempt, :actor_role::text, :actor::text)
+           || COALESCE(detail::jsonb, '{}'::jsonb)
+           || CASE WHEN status = 'queued' THEN jsonb_build_object('retry_at', available_at)
+                   ELSE '{}'::jsonb END
     FROM upd
+), announced AS (
+    -- whoever waits for these jobs (Client.wait) learns that they ended: one notification per
+    -- 200 jobs (a payload holds at most 8,000 bytes), sent at commit
+    SELECT pg_notify('dl_job_finished', string_agg(job_id::text, ','))
+    FROM (SELECT job_id, (row_number() OVER ()) / 200 AS chunk FROM upd
+          WHERE status IN ('succeeded', 'failed', 'canceled', 'lost')) AS ended
+    GROUP BY chunk
 ), woken AS (
     SELECT u.job_id,
-           dl_lock_waiter_found(u.job_id, u.lock_key, u.queue, w.job_id, w.queue, w.lock_key)
-               AS collision
+           dl_lock_waiter_found(u.job_id, u.lock_key,
+                                CASE WHEN :wakes_own_queue THEN u.queue END,
+                                w.job_id, w.queue, w.lock_key) AS collision
     FROM upd u
     CROSS JOIN LATERAL (
         SELECT q.job_id, q.queue, q.lock_key FROM dl_jobs q
@@ -352,159 +473,56 @@ WITH mine AS (
         ORDER BY q.priority, q.created_at
         LIMIT 1
     ) AS w
+    WHERE u.expect_status = 'running'
 )
-SELECT u.job_id, COALESCE(woken.collision, false) AS collision, false AS busy
+SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
+       NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
+       NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested
 FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
+WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
 UNION ALL
-SELECT j.job_id, false, true FROM dl_jobs j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(job_id, claim_token)
-  ON j.job_id = t.job_id AND j.claim_token = t.claim_token
-WHERE j.status::text = 'running' AND j.job_id NOT IN (SELECT job_id FROM mine)
-"""
-
-#: Failure (spec §6.3), fenced: retry after $5 x attempt seconds while attempts remain and the
-#: error is retryable ($4), else `failed`; a job whose cancel was requested ends `canceled`.
-FAIL_JOB: Final = """
-WITH upd AS (
-    UPDATE dl_jobs
-    SET status = CASE WHEN cancel_requested THEN 'canceled'::dl_status
-                      WHEN $4 AND attempt < max_attempts THEN 'queued'::dl_status
-                      ELSE 'failed'::dl_status END,
-        available_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
-                            THEN now() + make_interval(secs => $5::float8 * attempt)
-                            ELSE now() END,
-        error = $3,
-        lease_expires_at = NULL,
-        finished_at = CASE WHEN NOT cancel_requested AND $4 AND attempt < max_attempts
-                           THEN NULL ELSE now() END
-    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
-    RETURNING job_id, queue, status, attempt, available_at, lock_key
-), ev AS (
-    INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue,
-           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
-                       ELSE 'failed' END,
-           jsonb_build_object('attempt', attempt, 'worker', $6::text, 'error', $3::text,
-                              'reason', 'error', 'retry_at', CASE WHEN status = 'queued'
-                                                              THEN available_at END)
-    FROM upd
-)
-SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
-                   ELSE 'failed' END AS kind,
-       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
-FROM upd
-"""
-
-#: The pipeline stopped on a cancel request: `canceled`, fenced.
-CANCEL_RUNNING_JOB: Final = """
-WITH upd AS (
-    UPDATE dl_jobs
-    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL
-    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
-    RETURNING job_id, queue, attempt, lock_key
-), ev AS (
-    INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'canceled', jsonb_build_object('attempt', attempt, 'worker', $3::text)
-    FROM upd
-)
-SELECT 'canceled' AS kind, dl_wake_lock_waiter(job_id, lock_key, queue) AS collision FROM upd
-"""
-
-#: Hand a running job back to the queue, fenced. $3 = refund the attempt (the run was cut short
-#: by the worker's side: its shutdown, its lost advisory lock, its lease it could not extend),
-#: honoured while the job has had fewer than $6 refunded hand-backs, so that a job that keeps
-#: bringing its process down still consumes its attempts. Without a refund, a job on its last
-#: attempt is `lost`. $5 = reason for the journal.
-RELEASE_JOB: Final = """
-WITH cur AS (
-    SELECT job_id, cancel_requested, ($3 AND handbacks < $6) AS refund,
-           ($3 AND handbacks < $6) OR attempt < max_attempts AS requeue
-    FROM dl_jobs
-    WHERE job_id = $1 AND status::text = 'running' AND claim_token = $2
-    FOR NO KEY UPDATE
-), upd AS (
-    UPDATE dl_jobs j
-    SET status = CASE WHEN cur.cancel_requested THEN 'canceled'::dl_status
-                      WHEN cur.requeue THEN 'queued'::dl_status
-                      ELSE 'lost'::dl_status END,
-        attempt = CASE WHEN cur.refund THEN j.attempt - 1 ELSE j.attempt END,
-        handbacks = j.handbacks + cur.refund::int,
-        available_at = now(),
-        lease_expires_at = NULL,
-        finished_at = CASE WHEN cur.cancel_requested OR NOT cur.requeue THEN now() END,
-        error = CASE WHEN NOT cur.cancel_requested AND NOT cur.requeue THEN $5 ELSE j.error END
-    FROM cur
-    WHERE j.job_id = cur.job_id
-    RETURNING j.job_id, j.queue, j.status, j.attempt, j.lock_key, cur.refund
-), ev AS (
-    INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue,
-           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
-                       ELSE 'lost' END,
-           jsonb_build_object('attempt', attempt, 'worker', $4::text, 'reason', $5::text,
-                              'refunded', refund)
-    FROM upd
-)
-SELECT CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled'
-                   ELSE 'lost' END AS kind,
-       dl_wake_lock_waiter(job_id, lock_key, queue) AS collision
-FROM upd
-"""
+SELECT m.job_id, 'changed', false, m.status, m.attempt, m.max_attempts, m.handbacks,
+       m.cancel_requested, m.rerun_requested
+FROM mine m WHERE m.job_id NOT IN (SELECT job_id FROM upd)
+UNION ALL
+SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL
+FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
+""")
 
 # --- reaper --------------------------------------------------------------------------------
 
-#: Expired leases (spec §6.5), at most $1 per call: back to `queued`, or `lost` when the lease
-#: expired on the last attempt, or `canceled` when cancel was requested. $2 = reaper id.
-REAP_EXPIRED: Final = """
-WITH expired AS (
-    SELECT job_id FROM dl_jobs
-    WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE dl_jobs j
-    SET status = CASE WHEN j.cancel_requested THEN 'canceled'::dl_status
-                      WHEN j.attempt < j.max_attempts THEN 'queued'::dl_status
-                      ELSE 'lost'::dl_status END,
-        available_at = now(),
-        lease_expires_at = NULL,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
-                           THEN now() END,
-        error = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
-                     THEN 'lease expired on the last attempt' ELSE j.error END
-    FROM expired
-    WHERE j.job_id = expired.job_id
-    RETURNING j.job_id, j.queue, j.status, j.attempt, j.lock_key
-), ev AS (
-    INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue,
-           CASE status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'canceled' ELSE 'lost' END,
-           jsonb_build_object('attempt', attempt, 'reaper', $2::text, 'reason', 'lease expired')
-    FROM upd
-)
-SELECT job_id, status::text AS status, dl_wake_lock_waiter(job_id, lock_key, NULL) AS collision
-FROM upd
-"""
+#: Jobs whose lease expired (spec §6.5), at most `limit`, oldest lease first, with the facts the
+#: reaper decides on (it then applies its transitions fenced on a lease still expired). Rows
+#: someone else holds (a task fencing its writes with FOR SHARE, another reaper) are skipped:
+#: however many of them head the list, the jobs behind them are reached.
+EXPIRED_JOBS: Final = Statement("""
+SELECT job_id, claim_token, status::text AS status, attempt, max_attempts, handbacks,
+       cancel_requested, rerun_requested
+FROM dl_jobs
+WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT :limit
+FOR NO KEY UPDATE SKIP LOCKED
+""")
 
 # --- advisory locks (on the lock-holding connection) --------------------------------------------
 
 #: Try the session-level advisory locks of several lock_key hashes (`hashtext(lock_key)`, the
 #: spec's key space) in one round trip.
-TRY_ADVISORY_LOCKS: Final = """
-SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest($1::bigint[]) AS h
-"""
+TRY_ADVISORY_LOCKS: Final = Statement("""
+SELECT h AS lock_hash, pg_try_advisory_lock(h) AS locked FROM unnest(:lock_hashes::bigint[]) AS h
+""")
 
 #: Release session-level advisory locks, one level per hash.
-ADVISORY_UNLOCK: Final = (
-    "SELECT count(*) FILTER (WHERE pg_advisory_unlock(h)) FROM unnest($1::bigint[]) AS h"
-)
+ADVISORY_UNLOCK: Final = Statement("""
+SELECT count(*) FILTER (WHERE pg_advisory_unlock(h)) FROM unnest(:lock_hashes::bigint[]) AS h
+""")
 
 #: Release one level of each hash this session holds; returns the hashes released (a lock taken
 #: twice by the session needs two releases).
-ADVISORY_UNLOCK_HELD: Final = """
-SELECT h AS lock_hash FROM unnest($1::bigint[]) AS h WHERE pg_advisory_unlock(h)
-"""
+ADVISORY_UNLOCK_HELD: Final = Statement("""
+SELECT h AS lock_hash FROM unnest(:lock_hashes::bigint[]) AS h WHERE pg_advisory_unlock(h)
+""")
 
 #: The one-key advisory locks this session holds (the key spaces of `hashtext(lock_key)`): the
 #: key is split in pg_locks into its high (classid) and low (objid) 32 bits.
@@ -521,33 +539,42 @@ SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
 #: End a session of ours we gave up on (matched by pid and start time). A lock connection that
 #: went half-open keeps its advisory locks on the server until the server notices the silence,
 #: which TCP keepalive does after hours by default; ending it frees them now.
-END_SESSION: Final = """
-SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2
-"""
+END_SESSION: Final = Statement("""
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE pid = :pid AND backend_start = :backend_start
+""")
 
-#: Liveness probe of a dedicated connection.
+#: Liveness probe of a dedicated connection; also the first statement of a SQLAlchemy
+#: transaction that has not sent its BEGIN yet (the statement sends it).
 PING: Final = "SELECT 1"
+
+#: A savepoint around a batch of jobs written inside the caller's transaction, however the
+#: caller began it (asyncpg's nested transactions refuse a transaction begun by a plain BEGIN).
+SAVEPOINT: Final = "SAVEPOINT dl_enqueue_many"
+RELEASE_SAVEPOINT: Final = "RELEASE SAVEPOINT dl_enqueue_many"
+ROLLBACK_TO_SAVEPOINT: Final = "ROLLBACK TO SAVEPOINT dl_enqueue_many"
 
 # --- live workers (presence) ----------------------------------------------------------------
 
-#: Record this process ($1 worker id, $2 host, $3 pid, $4 version, $5 {queue: concurrency},
-#: $6 task names, $7 refresh period in seconds) or refresh its row; the same statement prunes
-#: rows of other processes not seen for $8 seconds (processes that died without deregistering).
+#: Record this process (`queues`: {queue: concurrency} as JSON text, `tasks`: task names,
+#: `period_sec`: its refresh period) or refresh its row; the same statement prunes rows of
+#: other processes not seen for `prune_after_sec` (processes that died without deregistering).
 #: A process whose row was pruned while it was frozen comes back at its next refresh.
-UPSERT_WORKER: Final = """
+UPSERT_WORKER: Final = Statement("""
 WITH pruned AS (
     DELETE FROM dl_workers
-    WHERE seen_at < now() - make_interval(secs => $8::float8) AND worker_id <> $1
+    WHERE seen_at < now() - make_interval(secs => :prune_after_sec::float8)
+      AND worker_id <> :worker_id
 )
 INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec)
-VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text[], $7)
+VALUES (:worker_id, :host, :pid, :version, :queues::text::jsonb, :tasks::text[], :period_sec)
 ON CONFLICT (worker_id) DO UPDATE
 SET queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, period_sec = EXCLUDED.period_sec,
     seen_at = now()
-"""
+""")
 
 #: A clean stop: this process serves nothing any more.
-DELETE_WORKER: Final = "DELETE FROM dl_workers WHERE worker_id = $1"
+DELETE_WORKER: Final = Statement("DELETE FROM dl_workers WHERE worker_id = :worker_id")
 
 #: Live processes (refreshed within three of their own periods, on the database's clock: one
 #: late refresh is no death), with how long ago each was seen.
@@ -605,9 +632,9 @@ CREATE TABLE IF NOT EXISTS dl_schema_migrations (
 
 APPLIED_MIGRATIONS: Final = "SELECT version FROM dl_schema_migrations ORDER BY version"
 
-RECORD_MIGRATION: Final = """
-INSERT INTO dl_schema_migrations (version, name, adopted) VALUES ($1, $2, $3)
-"""
+RECORD_MIGRATION: Final = Statement("""
+INSERT INTO dl_schema_migrations (version, name, adopted) VALUES (:version, :name, :adopted)
+""")
 
 #: Which of the spec's objects already exist (a database the customer prepared by hand).
 SPEC_OBJECTS_PRESENT: Final = """
@@ -615,3 +642,12 @@ SELECT to_regclass('dl_jobs') IS NOT NULL AS jobs,
        to_regclass('dl_job_events') IS NOT NULL AS events,
        to_regtype('dl_status') IS NOT NULL AS status_type
 """
+
+# --- start-up checks -----------------------------------------------------------------------
+
+#: Which database a connection reaches, and its server's start time: two connections that
+#: answer alike reach the same database of the same server (`Runner(pool=…)` must share the
+#: database its workers connect to).
+DATABASE_IDENTITY: Final = (
+    "SELECT current_database() AS database, pg_postmaster_start_time() AS server_started"
+)

@@ -1,9 +1,15 @@
 """One queue's worker: claim as many jobs as there are free slots, lock, run, finish.
 
 claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
-                                             └─ held ─► pipeline ─► unlock ─► finish
+                                             └─ held ─► task ─► unlock ─► finish
 
-Backoffs and outcomes are written by the completer, which retries them until they land.
+A task runs in an asyncio task of its own, cancelled after its `timeout` (the attempt then
+fails with TaskTimeout, retried like any failure) or when the job stops being ours. How it
+ended becomes an `Outcome`: its return value as JSON (refused, failing the attempt at once,
+when it is not JSON or exceeds DL_MAX_RESULT_BYTES: never cut), or its error, with the delay it
+asked for (`Retry(after=…)`) or whether it may be retried at all (NonRetryableError, the
+task's `non_retryable` types). Backoffs and outcomes are decided and written by the completer,
+which retries them until they land.
 """
 
 from __future__ import annotations
@@ -11,14 +17,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
-from dataloader.exceptions import InvalidJobArgs, JobCanceled, JobLost, NonRetryableError
+from dataloader.core import limits
+from dataloader.core.transitions import Ended, Outcome
+from dataloader.exceptions import (
+    InvalidJobArgs,
+    JobCanceled,
+    JobLost,
+    NonRetryableError,
+    Retry,
+    TaskTimeout,
+)
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS, storable_text
-from dataloader.storage.repositories import ClaimedJob
-from dataloader.workers.completer import Completer, Outcome, Result
+from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.completer import Completer
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
+from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 from dataloader.workers.waiting import jittered, wait_any
 
@@ -41,7 +59,8 @@ class QueueWorker:
         self._wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
-        #: Set while the last claim found nothing and no job of this queue runs.
+        #: Set while the last claim found nothing, no job of this queue runs and none waits
+        #: for its outcome to be written.
         self.idle = asyncio.Event()
         #: When (monotonic) the claim that last set `idle` started.
         self.idle_claim_started = 0.0
@@ -79,9 +98,9 @@ class QueueWorker:
             try:
                 claim_started = time.monotonic()
                 self.claims_started += 1
-                jobs = await self._rt.repo.claim(self.queue, free, self._rt.worker_id)
+                jobs = await self._rt.protocol.claim(self.queue, free, self._rt.worker_id)
                 self.claims_answered += 1
-                if jobs or self._jobs:
+                if jobs or self._jobs or self._outcomes_pending():
                     self.idle.clear()
                 else:
                     self.idle_claim_started = claim_started
@@ -97,10 +116,15 @@ class QueueWorker:
                 timeout = jittered(min(settings.poll_interval_sec, 1.0))
             await wait_any(self._wakeup, stopping, timeout=timeout)
 
+    def _outcomes_pending(self) -> bool:
+        """Whether a job of this queue has ended but its outcome is not written yet: a
+        failure written later may make it ready again (the write wakes this queue)."""
+        return any(r.job.queue == self.queue for r in self._rt.running.values())
+
     async def _idle_timeout(self) -> float:
         """Sleep until the safety poll or the earliest delayed job, whichever comes first."""
         poll = jittered(self._rt.settings.poll_interval_sec)
-        due = await self._rt.repo.next_due_in(self.queue)
+        due = await self._rt.protocol.next_due_in(self.queue)
         return poll if due is None else max(0.0, min(poll, due + 0.001))
 
     async def _start(self, jobs: list[ClaimedJob]) -> None:
@@ -133,7 +157,9 @@ class QueueWorker:
             log.info("%s (%r); handing the job back", why, job.lock_key)
         running = RunningJob(job)
         self._rt.running[job.job_id] = running
-        await self._completer.finish(running, Outcome(Result.BACKOFF, why, delay_sec=delay))
+        await self._completer.finish(
+            running, Outcome(Ended.BACKED_OFF, error=why, backoff_sec=delay)
+        )
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._jobs.discard(task)
@@ -163,44 +189,79 @@ class QueueWorker:
         found = self._rt.registry.get(job.task)
         if found is None:
             # retryable: during a rolling deploy another replica may know the task
-            return Outcome(Result.FAILED, f"no pipeline registered for task {job.task!r}")
+            return Outcome(Ended.FAILED, f"no task registered as {job.task!r}")
         try:
             args = found.parse_args(job.args)
-            ctx = JobContext(job, args, app=self._rt.app, state=running.state)
+            ctx = JobContext(
+                job, args, app=self._rt.app, state=running.state, protocol=self._rt.protocol
+            )
             task: asyncio.Task[object] = asyncio.create_task(
-                found.handler(ctx), name=f"dataloader-pipeline-{job.job_id}"
+                found.handler(ctx)
+                if found.timeout_sec is None
+                else _within(found.handler(ctx), found.timeout_sec),
+                name=f"dataloader-pipeline-{job.job_id}",
             )
         except InvalidJobArgs as exc:
-            return Outcome(Result.FAILED, f"invalid args: {exc}", retryable=False)
+            return Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
         except Exception as exc:  # a broken args model or handler: retrying cannot help
-            log.error("pipeline could not start", exc_info=exc)
-            return Outcome(Result.FAILED, _error_text(exc), retryable=False)
+            log.error("task could not start", exc_info=exc)
+            return Outcome(Ended.FAILED, _error_text(exc), retryable=False)
+        started = time.monotonic()
         running.attach(task)
         await asyncio.wait([task])
-        return _outcome_of(running)
+        duration_ms = round((time.monotonic() - started) * 1000)
+        return _outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
 
 
-def _outcome_of(running: RunningJob) -> Outcome:
-    """Translate how the pipeline task ended."""
-    task = running.task
-    assert task is not None
+async def _within(coro: Coroutine[Any, Any, object], timeout: float) -> object:
+    """Run a task's coroutine, cancelled after `timeout` seconds: it then fails with
+    TaskTimeout. A TimeoutError of the task's own (an inner `asyncio.timeout`, a client
+    library's) stays what it is. The limit is cooperative, like any cancellation: a task that
+    swallows CancelledError runs on."""
+    limit = asyncio.timeout(timeout)
+    try:
+        async with limit:
+            return await coro
+    except TimeoutError:
+        if limit.expired():
+            raise TaskTimeout(f"the task ran longer than its timeout of {timeout:g}s") from None
+        raise
+
+
+def _outcome_of(
+    running: RunningJob, task: Task, duration_ms: int, max_result_bytes: int
+) -> Outcome:
+    """Translate how the task's asyncio task ended."""
+    pipeline = running.task
+    assert pipeline is not None
     lost = running.state.lost_reason
-    if task.cancelled():
+    if pipeline.cancelled():
         if lost is not None:  # our side failed the job (lock or lease): refunded, bounded
-            return Outcome(Result.RELEASED, lost, refund=True)
+            return Outcome(Ended.HANDED_BACK, lost, refund=True, duration_ms=duration_ms)
         if running.handback:
-            return Outcome(Result.RELEASED, "worker shutting down", refund=True)
-        return Outcome(Result.FAILED, "pipeline task was cancelled")
-    exc = task.exception()
+            return Outcome(
+                Ended.HANDED_BACK, "worker shutting down", refund=True, duration_ms=duration_ms
+            )
+        return Outcome(Ended.FAILED, "task was cancelled", duration_ms=duration_ms)
+    exc = pipeline.exception()
     if exc is None:
-        return Outcome(Result.SUCCEEDED)
+        try:
+            result = limits.result_json(pipeline.result(), max_result_bytes)
+        except Exception as problem:  # never a cut: the attempt fails, and says why
+            why = str(problem) if isinstance(problem, ValueError) else _error_text(problem)
+            return Outcome(Ended.FAILED, f"result: {why}", retryable=False, duration_ms=duration_ms)
+        return Outcome(Ended.SUCCEEDED, result=result, duration_ms=duration_ms)
     if isinstance(exc, JobCanceled):
-        return Outcome(Result.CANCELED)
+        return Outcome(Ended.CANCELED, duration_ms=duration_ms)
     if isinstance(exc, JobLost):
-        return Outcome(Result.RELEASED, str(exc), refund=True)
+        return Outcome(Ended.HANDED_BACK, str(exc), refund=True, duration_ms=duration_ms)
     text = _error_text(exc)
-    log.warning("pipeline raised %s", text, exc_info=exc)
-    return Outcome(Result.FAILED, text, retryable=not isinstance(exc, NonRetryableError))
+    if isinstance(exc, Retry):
+        log.info("task asked to be retried in %gs: %s", exc.after_sec, exc.reason)
+        return Outcome(Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms)
+    log.warning("task raised %s", text, exc_info=exc)
+    retryable = not isinstance(exc, (NonRetryableError, *task.non_retryable))
+    return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms)
 
 
 def _unexpected(exc: BaseException) -> bool:

@@ -1,18 +1,28 @@
 """Finishing jobs: release the advisory lock, then write the outcome, until it is written.
 
 Every outcome (success, failure, cancel, hand-back, backoff) joins one queue, and one writer
-task writes them: successes batched, one statement per flush; the others one by one. A job's
-slot is free as soon as its outcome is queued. The writer starts as soon as something is queued
-and flushes again as soon as it is done, so an idle worker adds no delay and a busy one writes
-many jobs per commit while its slots already run the next jobs.
+task writes them: each flush decides every outcome it holds (`core.transitions.after_attempt`,
+with the task's retry policy) and writes them all in one fenced statement
+(`storage.transitions`). A job's slot is free as soon as its outcome is queued. The writer
+starts as soon as something is queued and flushes again as soon as it is done, so an idle
+worker adds no delay and a busy one writes many jobs per commit while its slots already run the
+next jobs.
+
+Each outcome is decided on the facts of the job as claimed. A job whose row changed meanwhile
+(a client asked to cancel or re-run it) comes back with its facts now and is decided again in
+the same flush; a row someone else holds (a pipeline fencing its writes with FOR SHARE) is tried
+at the next flush. A statement that fails for another reason than a lost connection is tried
+again outcome by outcome, so that one outcome the database refuses cannot hold up the others.
 
 Until its outcome is written, a job stays in the process's running set: the heartbeat keeps its
 lease alive. A write that fails (a connection cut, the server restarting, a timeout) is retried
 with backoff until it lands, or until the job turns out to be no longer ours (every write is
 fenced on the claim's token; the heartbeat also says so). So a job that succeeded is never
 reaped as `lost`, nor run again, because the database was briefly unreachable when it ended.
-When the process stops, a write still failing is given up once the job's lease has run out by
-this process's clock (the reaper decides then) or at once after a second stop signal.
+An outcome whose write fails MAX_WRITE_ERRORS times for another reason is given up: its lease
+is left to expire and the reaper decides. When the process stops, a write still failing is
+given up once the job's lease has run out by this process's clock (the reaper decides then) or
+at once after a second stop signal.
 
 The lock is released before the status is written: a job waiting on the same lock_key is not
 claimable until the status write, and then finds the key free (no needless backoff).
@@ -24,12 +34,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, replace
 
+from dataloader.core.retry import Linear, RetryPolicy
+from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.repositories import BUSY, Written
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -39,33 +49,13 @@ MAX_PENDING = 5000
 #: First and longest pause between attempts at a failing write.
 RETRY_FIRST_SEC = 0.05
 RETRY_MAX_SEC = 2.0
-#: Hand-backs whose attempt is refunded, per job; later ones consume an attempt.
-MAX_REFUNDED_HANDBACKS = 3
 #: Failed writes of one outcome, other than lost connections, after which it is given up: the
 #: lease is no longer kept alive and the reaper decides (an error that repeats would otherwise
 #: keep the job running, and its lock_key blocked, for ever).
 MAX_WRITE_ERRORS = 5
-
-
-class Result(Enum):
-    SUCCEEDED = "succeeded"
-    CANCELED = "canceled"
-    FAILED = "failed"
-    RELEASED = "released"
-    #: Claimed but not started (its lock_key is busy): back to the queue, attempt refunded.
-    BACKOFF = "backoff"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a run ended."""
-
-    result: Result
-    error: str | None = None
-    retryable: bool = True
-    refund: bool = False
-    #: BACKOFF: seconds before a job whose key is held outside dataloader is claimable again.
-    delay_sec: float = 0.0
+#: Decisions of one outcome in one pass whose job changed under them (a cancel or re-run
+#: requested just then) before it waits for the next pass.
+MAX_REDECISIONS = 3
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +63,8 @@ class _Pending:
     running: RunningJob
     outcome: Outcome
     unlocked: bool
+    #: The facts the outcome is decided on: the claim's, then the row's if it changed.
+    facts: JobFacts
     #: Failed writes that were not a lost connection (a bug, a constraint): bounded.
     errors: int = 0
 
@@ -89,6 +81,7 @@ class Completer:
         self._rt = runtime
         self._on_written = on_written
         self._max_pending = max_pending
+        self._default_retry: RetryPolicy = Linear(runtime.settings.retry_base_sec)
         self._queue: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
@@ -100,8 +93,9 @@ class Completer:
         """Queue the outcome; the job stays in the running set (its lease alive) until it is
         written. Waits only when too many outcomes are pending already (back-pressure)."""
         running.finished = True
-        unlocked = outcome.result is Result.BACKOFF  # a job backed off never got its lock
-        self._queue.append(_Pending(running, outcome, unlocked))
+        unlocked = outcome.ended is Ended.BACKED_OFF  # a job backed off never got its lock
+        facts = running.job.facts(cancel_requested=running.state.cancel_requested)
+        self._queue.append(_Pending(running, outcome, unlocked, facts))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="dataloader-completer")
         elif len(self._queue) >= self._max_pending:
@@ -139,42 +133,103 @@ class Completer:
             delay = min(delay * 2, RETRY_MAX_SEC)
 
     async def _write(self, batch: list[_Pending]) -> list[_Pending]:
-        """Unlock, then write each outcome once; returns those whose write failed."""
+        """Unlock, then write every outcome in one statement; returns those to try again (a
+        write that failed, a row held elsewhere, a job that kept changing, and a second outcome
+        of one job: a statement names each job once).
+
+        When the statement fails for another reason than a lost connection, the outcomes are
+        written one by one: one outcome the database refuses (an operator's trigger, a bug)
+        must not hold up the others, nor count towards their MAX_WRITE_ERRORS, after which
+        they would be given up to the reaper and run again."""
         await self._unlock(batch)
-        failed: list[_Pending] = []
-        successes = [p for p in batch if p.outcome.result is Result.SUCCEEDED]
-        if successes:
+        todo, later = _one_per_job(batch)
+        try:
+            return later + await self._write_rounds(todo)
+        except Exception as exc:
+            todo = [p for p in todo if self._pending(p)]
+            if isinstance(exc, CONNECTION_ERRORS) or len(todo) <= 1:
+                self._write_failed(todo, exc)
+                return later + todo
+            log.warning(
+                "writing %d outcomes in one statement failed (%r); writing them one by one",
+                len(todo),
+                exc,
+            )
+        again = list(later)
+        for i, p in enumerate(todo):
             try:
-                ours = await self._rt.repo.complete_many(
-                    [(p.running.job.job_id, p.running.job.claim_token) for p in successes],
-                    self._rt.worker_id,
-                )
-            except Exception as exc:
-                self._write_failed(successes, exc)
-                failed.extend(successes)
-            else:
-                for p in successes:
-                    written = ours.get(p.running.job.job_id)
-                    if written is not None and written.kind == BUSY:
-                        failed.append(p)  # its row is held elsewhere: again at the next pass
-                    else:
-                        self._written(p, written)
-        others_failing = False
-        for p in batch:
-            if p.outcome.result is Result.SUCCEEDED:
-                continue
-            if others_failing:  # the database is failing us: try the rest at the next pass
-                failed.append(p)
-                continue
-            try:
-                written = await self._write_one(p)
+                again += await self._write_rounds([p])
             except Exception as exc:
                 self._write_failed([p], exc)
-                failed.append(p)
-                others_failing = True
+                again.append(p)
+                if isinstance(exc, CONNECTION_ERRORS):  # the database is gone: the rest later
+                    again += todo[i + 1 :]
+                    break
+        return again
+
+    async def _write_rounds(self, todo: list[_Pending]) -> list[_Pending]:
+        """Write `todo` in one statement, deciding again at once (up to MAX_REDECISIONS times)
+        those whose job changed meanwhile; returns those left for the next pass (rows held
+        elsewhere, jobs that kept changing)."""
+        todo = await self._find_holders(todo)
+        busy: list[_Pending] = []
+        for _ in range(MAX_REDECISIONS):
+            if not todo:
+                break
+            todo, held = await self._write_decided(todo)
+            busy += held
+        return busy + todo
+
+    async def _find_holders(self, batch: list[_Pending]) -> list[_Pending]:
+        """Backoffs depend on who holds the lock_key: ask (a job no longer ours is done)."""
+        todo = []
+        for p in batch:
+            if p.outcome.ended is Ended.BACKED_OFF and p.outcome.holder is None:
+                holder = await self._rt.protocol.lock_key_holder(p.running.job)
+                if holder is None:
+                    self._written(p, None)
+                    continue
+                p.outcome = replace(p.outcome, holder=holder)
+            todo.append(p)
+        return todo
+
+    def _pending(self, pending: _Pending) -> bool:
+        """Whether the outcome is still to be written (not written, not given up)."""
+        return self._rt.running.get(pending.running.job.job_id) is pending.running
+
+    async def _write_decided(self, todo: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """Decide each outcome on its facts and write them all; returns the outcomes of jobs
+        that changed (with the row's facts now, to decide again) and those of busy rows."""
+        decided = [(p, self._decide(p)) for p in todo]
+        applied = await self._rt.protocol.finish(
+            [(p.running.job, p.facts, t) for p, t in decided], self._rt.worker_id
+        )
+        changed: list[_Pending] = []
+        busy: list[_Pending] = []
+        for p, transition in decided:
+            found = applied.get(p.running.job.job_id)
+            if found is None:
+                self._written(p, None)
+            elif found.state == "written":
+                self._written(p, transition, found.collision)
+            elif found.state == "changed" and found.facts is not None:
+                p.facts = found.facts
+                changed.append(p)
             else:
-                self._written(p, written)
-        return failed
+                busy.append(p)
+        return changed, busy
+
+    def _decide(self, pending: _Pending) -> Transition:
+        """The transition of an outcome: the task's retry policy decides a failure's delay
+        (Linear(DL_RETRY_BASE_SEC) when it has none, or when its own misbehaves)."""
+        task = self._rt.registry.get(pending.running.job.task)
+        policy = task.retry if task is not None else None
+        return after_attempt(
+            pending.outcome,
+            pending.facts,
+            self._default_retry if policy is None else policy,
+            fallback=self._default_retry,
+        )
 
     async def _unlock(self, batch: list[_Pending]) -> None:
         """Release the advisory locks of jobs not yet unlocked, in one round trip. A failure
@@ -190,33 +245,9 @@ class Completer:
             except Exception as exc:
                 log.warning("could not release %d advisory lock(s): %r", len(todo), exc)
 
-    async def _write_one(self, pending: _Pending) -> Written | None:
-        job, outcome = pending.running.job, pending.outcome
-        repo, worker = self._rt.repo, self._rt.worker_id
-        if outcome.result is Result.CANCELED:
-            return await repo.mark_canceled(job.job_id, job.claim_token, worker)
-        if outcome.result is Result.FAILED:
-            return await repo.fail(
-                job.job_id,
-                job.claim_token,
-                outcome.error or "error",
-                retryable=outcome.retryable,
-                retry_base_sec=self._rt.settings.retry_base_sec,
-                worker_id=worker,
-            )
-        if outcome.result is Result.BACKOFF:
-            holder = await repo.backoff(job, outcome.delay_sec, worker)
-            return None if holder is None else Written(f"backoff ({holder} holds the key)")
-        return await repo.release(
-            job.job_id,
-            job.claim_token,
-            refund=outcome.refund,
-            max_refunds=MAX_REFUNDED_HANDBACKS,
-            worker_id=worker,
-            reason=outcome.error or "released",
-        )
-
-    def _written(self, pending: _Pending, written: Written | None) -> None:
+    def _written(
+        self, pending: _Pending, written: Transition | None, collision: bool = False
+    ) -> None:
         """The write landed (or found the job no longer ours): the job leaves the running set."""
         if self.failed_writes:
             log.warning("outcome writes work again after %d failure(s)", self.failed_writes)
@@ -225,16 +256,18 @@ class Completer:
         self._forget(pending)
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
             if written is None:
-                log.warning("job %s but was no longer ours", outcome.result.value)
-            elif outcome.result is Result.SUCCEEDED:
+                log.warning("job %s but was no longer ours", outcome.ended.value)
+            elif outcome.ended is Ended.SUCCEEDED:
                 log.info("job succeeded")
-            elif outcome.result is Result.FAILED:
-                log.warning("job attempt failed (%s): %s", written.kind, outcome.error)
-            elif outcome.result is Result.RELEASED:
-                log.warning("job handed back (%s): %s", written.kind, outcome.error)
-            elif outcome.result is Result.CANCELED:
+            elif outcome.ended is Ended.FAILED:
+                log.warning("job attempt failed (%s): %s", written.journal, outcome.error)
+            elif outcome.ended is Ended.HANDED_BACK:
+                log.warning("job handed back (%s): %s", written.journal, outcome.error)
+            elif outcome.ended is Ended.CANCELED:
                 log.info("job canceled")
-            if written is not None and written.collision:
+            else:
+                log.info("job backed off (%s holds the key)", outcome.holder)
+            if collision:
                 log.warning(
                     "lock_key %r shares its hashtext with the lock_key of a job that waited"
                     " for it (journalled as lock_key_collision)",
@@ -242,6 +275,7 @@ class Completer:
                 )
 
     def _write_failed(self, pending: list[_Pending], exc: Exception) -> None:
+        """Count a failed write of `pending` (a lost connection is no error of theirs)."""
         self.failed_writes += len(pending)
         lost_connection = isinstance(exc, CONNECTION_ERRORS)
         if not lost_connection:
@@ -270,7 +304,7 @@ class Completer:
             return False
         log.error(
             "giving up writing the outcome (%s) of job %s: %s",
-            pending.outcome.result.value,
+            pending.outcome.ended.value,
             running.job.job_id,
             why,
         )
@@ -281,3 +315,18 @@ class Completer:
         job_id = pending.running.job.job_id
         if self._rt.running.get(job_id) is pending.running:
             del self._rt.running[job_id]
+
+
+def _one_per_job(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+    """The outcomes to write now, one per job, and those of a job named already, for the next
+    pass. A job has two outcomes pending only when a write of its earlier claim was still
+    being retried while its lease expired and this process claimed it again: the earlier
+    claim's outcome then finds the job no longer its own."""
+    now: list[_Pending] = []
+    later: list[_Pending] = []
+    seen: set[object] = set()
+    for p in batch:
+        job_id = p.running.job.job_id
+        (later if job_id in seen else now).append(p)
+        seen.add(job_id)
+    return now, later

@@ -12,15 +12,19 @@ import time
 
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.workers.locks import LockConnectionLost
-from dataloader.workers.runtime import WorkerRuntime
+from dataloader.workers.runtime import RunningJob, WorkerRuntime
 from dataloader.workers.waiting import wait_any
 
 log = logging.getLogger(__name__)
 
 #: A `heartbeat` journal row per job at most this often (the lease is extended every beat).
 JOURNAL_EVERY_SEC = 60.0
-#: A job whose lease was last extended this fraction of its TTL ago is stopped (self-fencing).
+#: A job whose lease was last extended this fraction of its TTL ago is stopped (self-fencing)...
 LEASE_MARGIN = 0.9
+#: ...or this long before its lease runs out, if that is sooner: the time its hand-back needs
+#: to be written before the reaper may take the job (and count the attempt).
+MIN_SLACK_SEC = 0.5
+INF = float("inf")
 
 
 class Heartbeat:
@@ -39,37 +43,62 @@ class Heartbeat:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Beat until `stopping` is set. A job with a short lease starting makes the next beat
-        come sooner (the deadline is recomputed from the last beat, never pushed back)."""
+        come sooner (the deadline is recomputed from the last beat, never pushed back). Jobs are
+        stopped at their own fence deadline, which may fall between beats or during one."""
         last_beat = time.monotonic()
         while not stopping.is_set():
-            wait = last_beat + self.period() - time.monotonic()
+            self.fence_stale()
+            now = time.monotonic()
+            wait = min(last_beat + self.period(), self.next_fence_at()) - now
             if wait > 0:
                 self._rt.job_started.clear()
                 await wait_any(stopping, self._rt.job_started, timeout=wait)
                 continue
-            last_beat = time.monotonic()
-            try:
-                # bounded: a hung connection must not keep us from fencing stale jobs below
-                await asyncio.wait_for(self.beat_once(), timeout=max(self.period(), 1.0))
-            except Exception as exc:  # keep beating: the next one may get through
-                log.warning(
-                    "heartbeat failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
-                )
-            self.fence_stale()
+            if now < last_beat + self.period():
+                continue  # woken for a fence deadline, not for a beat
+            last_beat = now
+            await self._beat_fencing()
         if self._lock_probe is not None:
             self._lock_probe.cancel()
+
+    async def _beat_fencing(self) -> None:
+        """One beat, bounded (a hung connection must not keep the leases from being extended
+        at the next one), fencing jobs whose deadline comes while it is out."""
+        beat = asyncio.create_task(
+            asyncio.wait_for(self.beat_once(), timeout=max(self.period(), 1.0)), name="heartbeat"
+        )
+        try:
+            while not beat.done():
+                fence_in = self.next_fence_at() - time.monotonic()
+                await asyncio.wait([beat], timeout=None if fence_in == INF else max(fence_in, 0))
+                self.fence_stale()
+        finally:
+            beat.cancel()
+        try:
+            beat.result()
+        except Exception as exc:  # keep beating: the next one may get through
+            log.warning(
+                "heartbeat failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
+            )
+
+    def _fenced(self) -> list[RunningJob]:
+        """Jobs whose pipeline may still have to be stopped: a finished job has none, and its
+        outcome write is fenced anyway."""
+        return [
+            r for r in self._rt.running.values() if not r.finished and r.state.lost_reason is None
+        ]
+
+    def next_fence_at(self) -> float:
+        """When the first running job is to be stopped unless its lease is extended before."""
+        return min((_fence_at(r) for r in self._fenced()), default=INF)
 
     def fence_stale(self) -> None:
         """Stop jobs whose lease we could not extend in time: by the time it expires, another
         worker may take the job, and two runs must never overlap. (A local clock, used only
-        to stop early; the lease itself is the database's.)"""
+        to stop early; the lease itself is the database's, and was set after our clock read.)"""
         now = time.monotonic()
-        for r in list(self._rt.running.values()):
-            margin = r.job.lease_ttl_sec * LEASE_MARGIN
-            # A finished job has no pipeline to stop; its outcome write is fenced anyway.
-            if r.finished or r.state.lost_reason is not None:
-                continue
-            if now - r.lease_extended_at > margin:
+        for r in self._fenced():
+            if now >= _fence_at(r):
                 log.error("job %s: lease not extended in time; stopping it", r.job.job_id)
                 r.lose("the lease could not be extended before it expired")
 
@@ -108,7 +137,7 @@ class Heartbeat:
             if journal:
                 r.last_journaled = now
             beats.append((r.job.job_id, r.job.claim_token, journal))
-        alive = await self._rt.repo.heartbeat(beats, self._rt.worker_id)
+        alive = await self._rt.protocol.heartbeat(beats, self._rt.worker_id)
         for r in running:
             beat = alive.get(r.job.job_id)
             if beat is None:
@@ -128,3 +157,9 @@ class Heartbeat:
                 )
             if beat.cancel_requested:
                 r.request_cancel()
+
+
+def _fence_at(running: RunningJob) -> float:
+    """The local time at which a job whose lease is not extended meanwhile is stopped."""
+    ttl = running.job.lease_ttl_sec
+    return running.lease_extended_at + min(ttl * LEASE_MARGIN, ttl - MIN_SLACK_SEC)

@@ -1,18 +1,26 @@
-"""What a pipeline handler receives: its job, typed args, progress, cancellation, resources."""
+"""What a task's handler receives: its job, typed args, progress, checkpoints, cancellation,
+resources."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from dataloader.core import limits
 from dataloader.exceptions import JobCanceled, JobLost
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.repositories import ClaimedJob
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+    from dataloader.client import Client
+    from dataloader.config import Settings
     from dataloader.context import AppContext
 
 ArgsT = TypeVar("ArgsT")
@@ -33,13 +41,16 @@ class RunState:
 class JobContext(Generic[ArgsT]):
     """Handed to `async def handler(ctx)`.
 
+    `args` are the job's arguments (an instance of the task's model, or the dict); `attempt`
+    counts from 1; `resume_from` is where an earlier attempt got to (`checkpoint`).
+
     Cancellation is cooperative: call `check_cancelled()` (or use `iterate`, which calls it
     between items) and the job ends `canceled`. When the job stops being ours (lease reaped,
     lock connection lost) the handler's task is cancelled outright.
 
-    `app` is the process's `AppContext`: its asyncpg `pool` and SQLAlchemy `engine` /
-    `sessionmaker` all connect to the queue's own database (`DL_DB_DSN` or the embedded one),
-    not to some other target: a pipeline loading into another database opens its own engine.
+    What a task may use: `engine` and `sessionmaker` (SQLAlchemy, on `DL_TARGET_DSN`, or the
+    queue's database when unset), `resources` (what the process's startup hook built),
+    `client` (to enqueue follow-up jobs), `settings`. `app` is the process's `AppContext`.
     """
 
     def __init__(
@@ -49,16 +60,51 @@ class JobContext(Generic[ArgsT]):
         *,
         app: AppContext,
         state: RunState,
+        protocol: WorkerProtocol,
     ) -> None:
         self.job = job
         self.args = args
         self.app = app
         self._state = state
+        self._protocol = protocol
         self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
 
     @property
     def job_id(self) -> uuid.UUID:
         return self.job.job_id
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """SQLAlchemy engine of the target database (`DL_TARGET_DSN`, else the queue's)."""
+        return self.app.engine
+
+    @property
+    def sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        """Sessions of `engine`."""
+        return self.app.sessionmaker
+
+    @property
+    def resources(self) -> Any:
+        """What the startup hook returned (`Runner(startup=…)`; None without one)."""
+        return self.app.resources
+
+    @property
+    def client(self) -> Client:
+        """The process's client: enqueue follow-up jobs, read others."""
+        return self.app.client
+
+    @property
+    def settings(self) -> Settings:
+        return self.app.settings
+
+    @property
+    def resume_from(self) -> Any:
+        """The last checkpoint saved with `checkpoint`, as JSON gives it back (None: start
+        from the beginning). When the attempt starts, it is the one an earlier attempt saved:
+        an attempt after a failure, after the reaper rescued the job from a worker that died
+        or went silent, or after a client's retry continues from there (a re-run starts from
+        the beginning). Once this attempt saves one, it is that one."""
+        return self.job.checkpoint
 
     @property
     def attempt(self) -> int:
@@ -94,17 +140,31 @@ class JobContext(Generic[ArgsT]):
             raise JobCanceled("cancel requested")
 
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
-        """Replace the job's `progress` (any JSON object); also learns of a cancel request.
-
-        A connection lost on the way (a server restart, a terminated session) is retried a few
-        times on a new one: the write is idempotent, and a brief outage of the queue's
-        database is no fault of the job's."""
+        """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
         value = {**(progress or {}), **fields}
+        await self._write(self._protocol.set_progress, limits.args_json(value))
+
+    async def checkpoint(self, value: Any) -> None:
+        """Save a resumable cursor (any JSON value: a row id, a date, a dict, a pydantic
+        model; None clears it): an attempt that follows a failure, a crash or a hand-back
+        reads it as `resume_from`. Save it after the work it stands for is committed, so that
+        resuming repeats at most what came after it.
+
+        Fenced like every write of the run: raises JobLost, and changes nothing, once the job
+        is no longer this run's (its lease was reaped, it was handed back). A value that is
+        not JSON or is larger than DL_MAX_RESULT_BYTES raises ValueError and is not saved."""
+        text = limits.result_json(value, self.app.settings.max_result_bytes, "the checkpoint")
+        await self._write(self._protocol.set_checkpoint, text)
+        # as the next attempt will read it back: JSON, not the object given
+        self.job = replace(self.job, checkpoint=None if text is None else json.loads(text))
+
+    async def _write(self, statement: Any, value_json: str | None) -> None:
+        """Run a fenced write of this run. A connection lost on the way (a server restart, a
+        terminated session) is retried a few times on a new one: the write is idempotent, and
+        a brief outage of the queue's database is no fault of the job's."""
         for pause in (*PROGRESS_RETRY_PAUSES_SEC, None):
             try:
-                cancel = await self.app.repo.set_progress(
-                    self.job.job_id, self.job.claim_token, value
-                )
+                cancel = await statement(self.job.job_id, self.job.claim_token, value_json)
                 break
             except CONNECTION_ERRORS:
                 if pause is None:

@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from dataloader.storage import queries, repositories
+from dataloader.storage import connections, queries
 from dataloader.storage.db import (
     CONNECTION_ERRORS,
     DEFAULT_TIMEOUT_SEC,
@@ -46,7 +46,7 @@ class Listener:
         self.connected = asyncio.Event()
         self.reconnects = 0
         #: Sessions of connections that went silent: ended from the next connection.
-        self._abandoned = repositories.AbandonedSessions("listener")
+        self._abandoned = connections.AbandonedSessions("listener")
 
     @property
     def backend_pid(self) -> int | None:
@@ -70,7 +70,7 @@ class Listener:
         self._closed.clear()
         conn.add_termination_listener(lambda _c: self._closed.set())
         try:
-            session = await asyncio.wait_for(repositories.session_identity(conn), self._timeout)
+            session = await asyncio.wait_for(connections.session_identity(conn), self._timeout)
             await self._abandoned.end(conn, self._timeout)
             await conn.add_listener(queries.JOBS_CHANNEL, self._notified)
             await conn.add_listener(queries.CANCEL_CHANNEL, self._notified)
@@ -82,7 +82,7 @@ class Listener:
                 if await wait_any(stopping, self._closed, timeout=self._check_period):
                     return
                 try:
-                    await asyncio.wait_for(repositories.ping(conn), self._timeout)
+                    await asyncio.wait_for(connections.ping(conn), self._timeout)
                 except TimeoutError:  # a silent, half-open socket: its session may live on
                     self._abandoned.add(*session)
                     raise

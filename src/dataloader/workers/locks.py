@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
-from dataloader.storage import repositories
+from dataloader.storage import connections, protocol
 from dataloader.storage.db import (
     CONNECTION_ERRORS,
     DEFAULT_TIMEOUT_SEC,
@@ -60,7 +60,7 @@ class LockHolder:
         self._timeout = timeout  # for each answer; beyond it the connection counts as lost
         self._conn: Connection | None = None
         #: Sessions of lost connections that may still hold locks on the server.
-        self._abandoned = repositories.AbandonedSessions("lock")
+        self._abandoned = connections.AbandonedSessions("lock")
         self._session: tuple[int, datetime] | None = None
         self._mutex = asyncio.Lock()  # one statement at a time on the connection
         #: Reserved hashes → the connection generation that locked them.
@@ -83,7 +83,7 @@ class LockHolder:
         failure."""
         conn = await connect(self._dsn, "dataloader-locks", self._timeout)
         try:
-            session = await asyncio.wait_for(repositories.session_identity(conn), self._timeout)
+            session = await asyncio.wait_for(connections.session_identity(conn), self._timeout)
             await self._abandoned.end(conn, self._timeout)
         except BaseException:
             conn.terminate()
@@ -120,7 +120,7 @@ class LockHolder:
         try:
             # the generation of the connection the statement ran on, read under the mutex: if
             # the connection was replaced while we waited for it, these locks are the new one's
-            generation, result = await self._run_on(repositories.try_advisory_locks, wanted)
+            generation, result = await self._run_on(protocol.try_advisory_locks, wanted)
             got = {h for h, locked in result.items() if locked}
             for lock_hash in got:
                 self._held[lock_hash] = generation
@@ -145,12 +145,12 @@ class LockHolder:
                 live.append(lock_hash)
         if live:
             with contextlib.suppress(LockConnectionLost):
-                await self._run(repositories.advisory_unlock, live)
+                await self._run(protocol.advisory_unlock, live)
 
     async def audit(self) -> None:
         """Check the connection end to end (a failure counts as losing it), and release every
         lock the session holds that no job of this process reserved."""
-        held = await self._run(repositories.held_advisory_locks)
+        held = await self._run(protocol.held_advisory_locks)
         leaked = sorted(held - set(self._held))
         if leaked:
             await self._release_fully(leaked, "held for no job of this process")
@@ -160,7 +160,7 @@ class LockHolder:
         the connection up (the server then frees all of its locks, and our jobs are stopped)."""
         log.error("releasing %d advisory lock(s) %s", len(lock_hashes), why)
         try:
-            await self._run(repositories.advisory_unlock_fully, lock_hashes)
+            await self._run(protocol.advisory_unlock_fully, lock_hashes)
         except LockConnectionLost:
             pass
         except Exception as exc:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataloader.storage import db
 from dataloader.storage.presence import PresenceStore
-from dataloader.storage.repositories import JobRepository
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
 from dataloader.workers.heartbeat import Heartbeat
@@ -51,7 +51,7 @@ class WorkerManager:
         self.runtime = WorkerRuntime(
             settings=settings,
             app=app,
-            repo=JobRepository(self._pool, settings.db_timeout_sec),
+            protocol=WorkerProtocol(self._pool, settings.db_timeout_sec),
             locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
             registry=registry,
             worker_id=new_worker_id(),
@@ -71,13 +71,15 @@ class WorkerManager:
         )
         self.heartbeat = Heartbeat(self.runtime)
         self.presence = Presence(
-            PresenceStore(self.runtime.repo.db),
+            PresenceStore(self.runtime.protocol.db),
             self.runtime.worker_id,
             {spec.queue: spec.concurrency for spec in settings.workers},
             registry,
             settings.presence_period_sec,
         )
-        self.reaper = Reaper(app.repo, settings.reaper_period_sec, self.runtime.worker_id)
+        self.reaper = Reaper(
+            self.runtime.protocol, settings.reaper_period_sec, self.runtime.worker_id
+        )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
         self._hurry = asyncio.Event()  # cut the grace period of `stop` short

@@ -1,14 +1,22 @@
 """Reaper (spec §6.5): jobs whose lease expired go back to `queued`, or become `lost` when the
-lease expired on their last attempt. Every replica runs one; `FOR UPDATE SKIP LOCKED` keeps
-them from touching the same job twice."""
+lease expired on their last attempt, or `canceled` when a cancel was requested (decided by
+`core.transitions.on_expired`). A job sent back keeps its checkpoint: the next attempt resumes
+from it.
+
+A pass reads the expired jobs with their facts, decides each, and writes the transitions in one
+statement, each fenced on the claim it read and on a lease still expired: a heartbeat that got
+through meanwhile keeps its job, and of two replicas' reapers only one writes a job's fate. A
+job whose flags changed in between (a cancel requested) is read and decided again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from dataloader.core.transitions import on_expired
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.repositories import JobRepository
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
@@ -20,8 +28,8 @@ BATCH = 500
 class Reaper:
     """Periodic sweep of expired leases."""
 
-    def __init__(self, repo: JobRepository, period_sec: float, reaper_id: str) -> None:
-        self._repo = repo
+    def __init__(self, protocol: WorkerProtocol, period_sec: float, reaper_id: str) -> None:
+        self._protocol = protocol
         self._period = period_sec
         self._id = reaper_id
 
@@ -40,9 +48,17 @@ class Reaper:
         """One full pass; returns {new status: count}."""
         totals: dict[str, int] = {}
         while True:
-            reaped = await self._repo.reap_expired(BATCH, self._id)
-            for job_id, status in reaped:
-                totals[status] = totals.get(status, 0) + 1
-                log.warning("lease expired: job %s is now %s", job_id, status)
-            if len(reaped) < BATCH:
+            expired = await self._protocol.expired(BATCH)
+            decided = [(job, on_expired(job.facts)) for job in expired]
+            applied = await self._protocol.reap(decided, self._id)
+            written = 0
+            for job, transition in decided:
+                if job.job_id in applied and applied[job.job_id].state == "written":
+                    written += 1
+                    status = transition.status.value
+                    totals[status] = totals.get(status, 0) + 1
+                    log.warning("lease expired: job %s is now %s", job.job_id, status)
+            # a job that changed under us (a cancel requested meanwhile) is decided again
+            changed = any(a.state == "changed" for a in applied.values())
+            if not changed and (len(expired) < BATCH or not written):
                 return totals

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dataloader.storage.repositories import ClaimedJob, JobRepository
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
@@ -81,7 +81,7 @@ class WorkerRuntime:
 
     settings: Settings
     app: AppContext
-    repo: JobRepository
+    protocol: WorkerProtocol
     locks: LockHolder
     registry: PipelineRegistry
     worker_id: str

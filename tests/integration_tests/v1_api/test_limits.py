@@ -11,9 +11,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dataloader import NewJob, enqueue, enqueue_many
+from dataloader import NewJob
 from dataloader.core import limits
 from dataloader.exceptions import InvalidJob
+from dataloader.storage.repositories import enqueue, enqueue_many
 
 from ..conftest import StartService
 from .constants import TRIGGER_URL, VALID_TRIGGER

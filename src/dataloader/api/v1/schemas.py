@@ -88,13 +88,20 @@ class TriggerRequest(BaseModel):
     idempotency_key: IdempotencyKey | None = None
     lock_key: Key
     partition_key: PartitionKey = ""
-    priority: Priority = 100
+    priority: Priority | None = Field(
+        default=None, description="Lower runs first; the task's priority or 100 when omitted."
+    )
     available_at: Instant | None = Field(
         default=None, description="RFC 3339 with an offset; the job does not start before it."
     )
-    max_attempts: MaxAttempts = 5
+    max_attempts: MaxAttempts | None = Field(
+        default=None,
+        description="Attempts before the job fails; the task's or DL_DEFAULT_MAX_ATTEMPTS"
+        " when omitted.",
+    )
     lease_ttl_sec: LeaseTtl | None = Field(
-        default=None, description="Lease length; DL_DEFAULT_LEASE_TTL_SEC when omitted."
+        default=None,
+        description="Lease length; the task's or DL_DEFAULT_LEASE_TTL_SEC when omitted.",
     )
     producer: Name | None = None
     consumer_group: Name | None = None
@@ -128,6 +135,22 @@ class JobStatusResponse(BaseModel):
     cancel_requested: bool
     created_at: datetime
     available_at: datetime
+    lock_key: str
+    idempotency_key: str | None = None
+    priority: int
+    result: Any = Field(
+        default=None, description="The task's return value when the job succeeded (JSON)."
+    )
+    duration_ms: int | None = Field(
+        default=None, description="How long the last attempt ran, in milliseconds."
+    )
+    worker_id: str | None = Field(
+        default=None, description="The worker process that made the last claim."
+    )
+    checkpoint: Any = Field(
+        default=None, description="The cursor the task last saved; the next attempt resumes there."
+    )
+    rerun_requested: bool = False
 
 
 class ErrorResponse(BaseModel):

@@ -1,0 +1,589 @@
+"""`dataloader.Client`: enqueue, read, list, cancel, retry and wait for jobs from any asyncio
+code. The HTTP API and the CLI go through it too, so one set of rules applies everywhere.
+
+    async with dataloader.Client.connect("postgresql://…/db") as client:
+        job = await client.enqueue("etl.load_day", {"day": "2026-01-01"}, lock_key="day:1")
+        state = await client.wait(job.job_id, timeout=600)
+        print(state.status, state.result, state.duration_ms)
+
+A client runs on its own pool (`Client.connect`), on an application's asyncpg pool
+(`Client(pool=…)`) or SQLAlchemy `AsyncEngine` (`Client(engine=…)`, driver asyncpg), and
+`enqueue(…, connection=…)` joins the caller's transaction: the job exists if and only if the
+caller commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+import asyncpg
+from pydantic import BaseModel
+
+from dataloader.base import JobStatus
+from dataloader.config import Settings, load_settings
+from dataloader.core.models import (
+    EnqueueResult,
+    JobDefaults,
+    JobEvent,
+    JobOptions,
+    JobState,
+    NewJob,
+)
+from dataloader.exceptions import DatabaseUnavailable, DataloaderError, InvalidJob, JobNotFound
+from dataloader.logger.utils import mask_dsn
+from dataloader.storage import db, queries
+from dataloader.storage.connections import (
+    Connections,
+    EngineConnections,
+    GuardedPool,
+    caller_connection,
+)
+from dataloader.storage.migrate import load_migrations
+from dataloader.storage.repositories import JobPage, JobRepository, enqueue, enqueue_many
+from dataloader.workers.pipelines.registry import Task, TaskRegistry
+from dataloader.workers.pipelines.registry import registry as default_registry
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    from dataloader.storage.db import AnyConnection, Pool
+
+    CallerConnection = AnyConnection | AsyncSession | AsyncConnection
+
+log = logging.getLogger(__name__)
+
+#: Channel on which the database announces that jobs ended (payload: their ids, comma-separated;
+#: `queries.APPLY_TRANSITIONS` sends it with every transition to a final status).
+FINISHED_CHANNEL: Final = "dl_job_finished"
+#: A waiter reads its job again at least this often, whatever it hears: a notification can be
+#: missed while the listening connection is replaced.
+WAIT_RECHECK_SEC: Final = 30.0
+#: What a wait pending when its client closes raises.
+CLOSED_MESSAGE: Final = "the client is closed"
+
+
+class Client:
+    """Producers' and readers' access to the queue.
+
+    On one source of connections: `Client.connect(dsn)` opens a pool of its own (closed on
+    exit); `Client(pool=…)` shares an application's asyncpg pool and `Client(engine=…)` a
+    SQLAlchemy `AsyncEngine`'s (driver asyncpg), whatever JSON codecs their connections have
+    (JSON travels as text). On an asyncpg pool a statement cut short (cancelled, timed out)
+    closes its connection, which the pool replaces, rather than hand back a connection that may
+    still be busy; give such a pool a `command_timeout`, so that no statement waits forever
+    for a connection that went silent. While anyone `wait`s, one connection of the source
+    LISTENs for ended jobs (the pool needs room for one more); it is given back when the last
+    wait ends.
+    """
+
+    def __init__(
+        self,
+        pool: Pool | None = None,
+        engine: AsyncEngine | None = None,
+        *,
+        settings: Settings | None = None,
+        registry: TaskRegistry | None = None,
+        actor: str = "client",
+    ) -> None:
+        settings = settings if settings is not None else load_settings()
+        self._connections = _connections(pool, engine, settings.db_timeout_sec)
+        self.settings = settings
+        self.registry = registry if registry is not None else default_registry
+        self._repo = JobRepository(self._connections, actor)
+        self._defaults = JobDefaults(
+            max_attempts=settings.default_max_attempts,
+            lease_ttl_sec=settings.default_lease_ttl_sec,
+        )
+        self._finished = _FinishedJobs(self._connections, settings.db_timeout_sec)
+        self._owned_pool: Pool | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        settings: Settings | None = None,
+        registry: TaskRegistry | None = None,
+        pool_size: int = 4,
+    ) -> AsyncIterator[Client]:
+        """A client on a pool of its own to `dsn` (`postgresql://…`, or SQLAlchemy's
+        `postgresql+asyncpg://…`), closed on exit. The schema must be there (`dataloader
+        migrate`, or any dataloader service started against the database). A DSN that cannot
+        be used raises one line naming it (the password masked): ValueError when it is
+        malformed, DatabaseUnavailable when the server or the database cannot be reached or
+        refuses us, DataloaderError when the schema is missing."""
+        settings = settings if settings is not None else load_settings()
+        pool = await _open_pool(dsn, max(2, pool_size), settings.db_timeout_sec)
+        try:
+            client = cls(pool, settings=settings, registry=registry)
+        except BaseException:
+            await pool.close()
+            raise
+        client._owned_pool = pool
+        async with client:
+            yield client
+
+    async def close(self) -> None:
+        """Stop listening for ended jobs (a wait still pending raises RuntimeError); close the
+        pool if `connect` opened it."""
+        try:
+            await self._finished.close()
+        finally:
+            if self._owned_pool is not None:
+                await self._owned_pool.close()
+
+    # producers -------------------------------------------------------------------------------
+
+    def job(
+        self,
+        task: str | Task,
+        args: dict[str, Any] | BaseModel | None = None,
+        *,
+        lock_key: str,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        partition_key: str = "",
+        priority: int | None = None,
+        available_at: datetime | timedelta | None = None,
+        max_attempts: int | None = None,
+        lease_ttl: int | timedelta | None = None,
+        producer: str | None = None,
+        consumer_group: str | None = None,
+        rerun: bool = False,
+    ) -> NewJob:
+        """A new job, checked and with its defaults filled (see `enqueue`); for
+        `enqueue_many`. InvalidJob or InvalidJobArgs name what is wrong."""
+        at, delay = _when(available_at)
+        new = NewJob(
+            task=task.name if isinstance(task, Task) else task,
+            args=args if args is not None else {},  # type: ignore[arg-type]
+            lock_key=lock_key,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            partition_key=partition_key,
+            priority=priority,
+            available_at=at,
+            delay=delay,
+            max_attempts=max_attempts,
+            lease_ttl_sec=_lease_seconds(lease_ttl),
+            producer=producer,
+            consumer_group=consumer_group,
+            rerun=rerun,
+        )
+        return self._prepare(new, task if isinstance(task, Task) else None)
+
+    def prepare(self, job: NewJob) -> NewJob:
+        """`job` checked against its task's args model (when this process knows the task)
+        and with every option filled from the task and the settings."""
+        if not isinstance(job, NewJob):
+            raise TypeError(f"expected a NewJob (see Client.job), not {type(job).__name__}")
+        return self._prepare(job, None)
+
+    def _prepare(self, job: NewJob, task: Task | None) -> NewJob:
+        """`job` checked and filled from `task` (else the task of that name this process
+        knows) and the settings."""
+        if task is None:
+            task = self.registry.get(job.task)
+        if task is not None:
+            task.check_args(job.args)
+        return job.resolved(task, self._defaults)
+
+    async def enqueue(
+        self,
+        task: str | Task | NewJob,
+        args: dict[str, Any] | BaseModel | None = None,
+        *,
+        lock_key: str | None = None,
+        connection: CallerConnection | None = None,
+        **options: Any,
+    ) -> EnqueueResult:
+        """Enqueue one job of `task` with `args` (a dict or the task's model), or one
+        `NewJob` built beforehand.
+
+        Options: queue, idempotency_key, partition_key, priority, available_at (a datetime,
+        or a timedelta counted from the database's clock), max_attempts, lease_ttl, producer,
+        consumer_group, and `rerun=True`: when the idempotency key already names a job, run it
+        again with these args (a finished job now, a running one once more after it ends, a
+        queued one with these args when its turn comes). Options left out come from the task's
+        definition, then the settings (`DL_DEFAULT_MAX_ATTEMPTS`, `DL_DEFAULT_LEASE_TTL_SEC`).
+        The same idempotency key with other fields raises IdempotencyConflict. With
+        `connection` (an asyncpg connection, or a SQLAlchemy AsyncSession/AsyncConnection)
+        the job is written in the caller's transaction (begun if it was not)."""
+        if isinstance(task, NewJob):
+            if args is not None or lock_key is not None or options:
+                raise TypeError("enqueue(NewJob) takes no other job fields")
+            new = self.prepare(task)
+        elif lock_key is None:
+            raise InvalidJob("lock_key", "required: jobs sharing a lock_key never overlap")
+        else:
+            new = self.job(task, args, lock_key=lock_key, **options)
+        if connection is not None:
+            return await enqueue(await caller_connection(connection), new, actor=self._repo.actor)
+        return await self._repo.enqueue(new)
+
+    async def enqueue_many(
+        self, jobs: Iterable[NewJob], *, connection: CallerConnection | None = None
+    ) -> list[EnqueueResult]:
+        """Enqueue many jobs in one statement (thousands at a time), results in input order.
+        Each job's idempotency key works as in `enqueue` (a key repeated in the batch names
+        the job its first occurrence created); a conflicting one writes nothing of the batch.
+        Build the jobs with `client.job(…)` or `NewJob(…)`."""
+        batch = list(jobs)
+        options = self._options(batch)
+        if connection is not None:
+            conn = await caller_connection(connection)
+            return await enqueue_many(conn, batch, actor=self._repo.actor, options=options)
+        return await self._repo.enqueue_many(batch, options)
+
+    def _options(self, jobs: builtins.list[NewJob]) -> dict[str, JobOptions]:
+        """Each task's options for the jobs that leave some out, after checking every job
+        (its args against its task's model; a queue named by it or its task). One lookup per
+        task, and no copy of the jobs: a batch of thousands stays cheap."""
+        options: dict[str, JobOptions] = {}
+        tasks: dict[str, Task | None] = {}
+        for job in jobs:
+            if not isinstance(job, NewJob):
+                raise TypeError(f"expected a NewJob (see Client.job), not {type(job).__name__}")
+            name = job.task
+            if name not in tasks:
+                tasks[name] = task = self.registry.get(name)
+                options[name] = JobOptions.of(task, self._defaults)
+            task = tasks[name]
+            if task is not None:
+                task.check_args(job.args)
+            if job.queue is None:
+                job.check_queue(options[name])
+        return options
+
+    # readers ---------------------------------------------------------------------------------
+
+    async def get(self, job_id: uuid.UUID | str) -> JobState | None:
+        """The job's state (with its result, duration and worker), or None if there is none."""
+        return await self._repo.get(_uuid(job_id))
+
+    async def list(
+        self,
+        *,
+        queue: str | None = None,
+        status: JobStatus | str | None = None,
+        task: str | None = None,
+        lock_key: str | None = None,
+        created_from: datetime | None = None,
+        created_until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """A page of jobs, newest first, of those matching every filter given (created_from
+        inclusive, created_until exclusive); pass `page.next_cursor` as `cursor` for the next
+        page (None: this is the last). ValueError for a limit outside 1…1000, an unknown status
+        or a cursor this list did not make."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ValueError(f"limit must be an integer between 1 and 1000, not {limit!r}")
+        return await self._repo.list(
+            queue=queue,
+            status=None if status is None else _status(status),
+            task=task,
+            lock_key=lock_key,
+            created_from=created_from,
+            created_until=created_until,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def events(self, job_id: uuid.UUID | str) -> builtins.list[JobEvent]:
+        """The job's journal, oldest first (empty if there is no such job)."""
+        return await self._repo.events(_uuid(job_id))
+
+    async def wait(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobState:
+        """Return once the job has ended (succeeded, failed, canceled or lost), with its
+        result. Woken by the database's notification, not by polling (the job is read again
+        every WAIT_RECHECK_SEC all the same); TimeoutError after `timeout` seconds, JobNotFound
+        if there is no such job, RuntimeError if the client is closed meanwhile."""
+        job_id = _uuid(job_id)
+        if self._finished.closed:
+            raise RuntimeError(CLOSED_MESSAGE)
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await self._wait(job_id)
+        except TimeoutError:
+            if deadline.expired():  # not a TimeoutError of a statement
+                raise TimeoutError(f"job {job_id} has not ended within {timeout} s") from None
+            raise
+
+    async def _wait(self, job_id: uuid.UUID) -> JobState:
+        state = await self._ended(job_id)
+        if state is not None:  # no need to listen for a job that has ended
+            return state
+        async with self._finished.watch(job_id) as woken:
+            while True:
+                woken.clear()  # before reading: an end announced after the read wakes us
+                state = await self._ended(job_id)
+                if state is not None:
+                    return state
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), WAIT_RECHECK_SEC)
+                if self._finished.closed:
+                    raise RuntimeError(CLOSED_MESSAGE)
+
+    async def _ended(self, job_id: uuid.UUID) -> JobState | None:
+        """The job's state if it has ended, else None; JobNotFound if there is no such job."""
+        state = await self._repo.get(job_id)
+        if state is None:
+            raise JobNotFound(f"job {job_id} not found")
+        return state if state.finished else None
+
+    # changes ---------------------------------------------------------------------------------
+
+    async def cancel(self, job_id: uuid.UUID | str) -> JobState:
+        """Cancel: a queued job ends `canceled` now; a running one is asked to stop (its task
+        sees it at its next check); a finished job is left alone. The state after; JobNotFound
+        if there is no such job."""
+        return await self._repo.cancel(_uuid(job_id))
+
+    async def retry(self, job_id: uuid.UUID | str) -> JobState:
+        """Send a failed, lost or canceled job back to the queue with a fresh budget of
+        attempts (journaled `retried`); its checkpoint stays, so it resumes. NotRetryable for
+        a job in any other state, JobNotFound if there is none. The state after."""
+        return await self._repo.retry(_uuid(job_id))
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _connections(pool: object, engine: object, timeout: float) -> Connections:
+    """The client's source of connections, from exactly one of `pool` and `engine`."""
+    if pool is None and engine is None:
+        raise TypeError(
+            "Client needs pool= (an asyncpg pool) or engine= (a SQLAlchemy AsyncEngine);"
+            " Client.connect(dsn) opens a pool of its own"
+        )
+    if pool is not None and engine is not None:
+        raise TypeError("Client takes pool= or engine=, not both")
+    if pool is None:
+        return EngineConnections(engine)  # type: ignore[arg-type]  # checks what it is given
+    if not isinstance(pool, asyncpg.Pool):
+        hint = ""
+        if isinstance(pool, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+            hint = " (to write in a connection's transaction, pass it to enqueue(…, connection=…))"
+        elif type(pool).__module__.startswith("sqlalchemy"):
+            hint = " (pass a SQLAlchemy AsyncEngine as engine=…)"
+        raise TypeError(
+            f"pool must be an asyncpg pool (asyncpg.create_pool), not {type(pool).__name__}{hint}"
+        )
+    return GuardedPool(pool, timeout)
+
+
+async def _open_pool(dsn: str, size: int, timeout: float) -> Pool:
+    """A pool of the client's own to `dsn`, on a database holding the current schema; one
+    line naming the DSN (password masked) when that cannot be."""
+    if not isinstance(dsn, str):
+        raise TypeError(f"dsn must be a string, not {type(dsn).__name__}")
+    where = mask_dsn(dsn)
+    try:
+        pool = await db.create_pool(db.libpq_dsn(dsn), size, "dataloader-client", timeout)
+    except asyncpg.ClientConfigurationError as exc:  # before CONNECTION_ERRORS: an InterfaceError
+        raise ValueError(f"not a usable PostgreSQL DSN ({where}): {_line(exc)}") from None
+    except asyncpg.PostgresError as exc:  # no such database or role, wrong password …
+        raise DatabaseUnavailable(f"cannot use {where}: {_line(exc)}") from None
+    except db.CONNECTION_ERRORS as exc:
+        raise DatabaseUnavailable(f"cannot connect to {where}: {_line(exc)}") from None
+    try:
+        missing = await _missing_migrations(pool, timeout)
+    except BaseException:
+        await pool.close()
+        raise
+    if missing:
+        await pool.close()
+        schema = (
+            "has no dataloader schema"
+            if len(missing) == len(load_migrations())
+            else f"lacks migrations {', '.join(map(str, missing))} of dataloader's schema"
+        )
+        raise DataloaderError(
+            f"{where} {schema}: run `dataloader migrate` against it, or start a dataloader"
+            " service on it, first"
+        )
+    return pool
+
+
+async def _missing_migrations(pool: Pool, timeout: float) -> builtins.list[int]:
+    """The versions of the packaged migrations not applied to the pool's database."""
+    async with pool.acquire(timeout=timeout) as conn:
+        applied: set[int] = set()
+        if await conn.fetchval(queries.MIGRATIONS_TABLE_PRESENT):
+            applied = {row["version"] for row in await conn.fetch(queries.APPLIED_MIGRATIONS)}
+    return sorted({m.version for m in load_migrations()} - applied)
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _FinishedJobs:
+    """Wakes waiters when their job ends: one connection LISTENs while anyone waits, and is
+    given back (UNLISTENed) once nobody does. A connection lost meanwhile is replaced, and
+    every waiter then reads its job again: an end may have gone unheard."""
+
+    def __init__(self, connections: Connections, close_timeout: float) -> None:
+        self._connections = connections
+        self._close_timeout = close_timeout
+        self._waiters: dict[uuid.UUID, set[asyncio.Event]] = {}
+        #: Set while the LISTEN is active (and once closed, to release whoever waits for it).
+        self._listening = asyncio.Event()
+        #: Set while nobody waits (and once closed): the listener gives its connection back.
+        self._idle = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @contextlib.asynccontextmanager
+    async def watch(self, job_id: uuid.UUID) -> AsyncIterator[asyncio.Event]:
+        """An event set when `job_id` may have ended; entered once the LISTEN is active."""
+        if self.closed:
+            raise RuntimeError(CLOSED_MESSAGE)
+        woken = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(woken)
+        self._idle.clear()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._listen(), name="dataloader-client-listen")
+        try:
+            await self._listening.wait()
+            if self.closed:
+                raise RuntimeError(CLOSED_MESSAGE)
+            yield woken
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(woken)
+                if not waiting:
+                    del self._waiters[job_id]
+            if not self._waiters:
+                self._idle.set()
+
+    async def _listen(self) -> None:
+        """LISTEN while anyone waits, on a new connection whenever one is lost."""
+        delay = 0.1
+        while self._waiters and not self.closed:
+            try:
+                await self._listen_once()
+                delay = 0.1
+            except Exception as exc:  # waiters still read their job every WAIT_RECHECK_SEC
+                log.warning("listening for ended jobs failed: %s", _line(exc))
+                with contextlib.suppress(TimeoutError):  # a pause, cut short by close
+                    await asyncio.wait_for(self._idle.wait(), delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _listen_once(self) -> None:
+        """LISTEN on one connection until nobody waits or the connection is lost."""
+        lost = asyncio.Event()
+
+        def on_lost(_conn: object) -> None:
+            lost.set()
+
+        async with self._connections.connection() as conn:
+            # removed below: a pool keeps a connection's termination listeners across uses
+            conn.add_termination_listener(on_lost)
+            try:
+                await conn.add_listener(FINISHED_CHANNEL, self._notified)
+                try:
+                    self._listening.set()
+                    self._wake_all()  # anything may have ended while nobody listened
+                    await _either(self._idle, lost)
+                finally:
+                    if not self.closed:  # closing keeps it set: no wait may block on it
+                        self._listening.clear()
+                    if not conn.is_closed():
+                        await conn.remove_listener(FINISHED_CHANNEL, self._notified)
+            finally:
+                conn.remove_termination_listener(on_lost)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        for text in payload.split(","):
+            try:
+                job_id = uuid.UUID(text)
+            except ValueError:
+                continue
+            for woken in self._waiters.get(job_id, ()):
+                woken.set()
+
+    def _wake_all(self) -> None:
+        for waiting in self._waiters.values():
+            for woken in waiting:
+                woken.set()
+
+    async def close(self) -> None:
+        """Give the listening connection back (cleanly: it may be an application's) and
+        make every pending wait raise RuntimeError."""
+        self.closed = True
+        self._idle.set()
+        self._listening.set()
+        self._wake_all()
+        task = self._task
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=self._close_timeout)
+        if not done:  # stuck on an unanswered statement: cut it short
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Return once any of `events` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+def _status(value: JobStatus | str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in JobStatus)
+        raise ValueError(f"status must be one of {known}, not {value!r}") from None
+
+
+def _when(value: object) -> tuple[datetime | None, timedelta | None]:
+    """`available_at` as NewJob takes it: (an instant, None) or (None, a delay)."""
+    if value is None or isinstance(value, datetime):
+        return value, None
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise InvalidJob("available_at", f"a delay must be 0 or more, not {value}")
+        return None, value
+    raise InvalidJob(
+        "available_at", f"must be a datetime or a timedelta, not {type(value).__name__}"
+    )
+
+
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        raise JobNotFound(f"not a job id: {value!r}") from None
+
+
+def _lease_seconds(value: int | timedelta | None) -> int | None:
+    if value is None or not isinstance(value, timedelta):
+        return value
+    seconds = value.total_seconds()
+    if not seconds.is_integer():
+        raise InvalidJob("lease_ttl", f"must be whole seconds, not {seconds}")
+    return int(seconds)

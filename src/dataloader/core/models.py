@@ -1,0 +1,220 @@
+"""The job as producers and readers see it: a new job with its checks and defaults, its state,
+its journal. No I/O.
+
+The same rules apply whoever enqueues (HTTP, library, CLI): every field is checked against
+`dataloader.core.limits` when a `NewJob` is built, and options left out are filled, in this
+order, from the task's definition (`@dataloader.task(queue=…, max_attempts=…)`) and from the
+settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `NewJob.resolved`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import BaseModel
+
+from dataloader.base import JobStatus
+from dataloader.core import limits
+from dataloader.core.retry import MAX_DELAY_SEC
+from dataloader.exceptions import InvalidJob
+
+if TYPE_CHECKING:
+    from dataloader.workers.pipelines.registry import Task
+
+#: The spec's defaults (its DDL's), used when neither the task nor the settings say otherwise.
+DEFAULT_PRIORITY: Final = 100
+DEFAULT_MAX_ATTEMPTS: Final = 5
+DEFAULT_LEASE_TTL_SEC: Final = 60
+
+
+@dataclass(frozen=True, slots=True)
+class JobDefaults:
+    """Values of the options a job and its task leave out (from the settings)."""
+
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    lease_ttl_sec: int = DEFAULT_LEASE_TTL_SEC
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """What fills the options a job leaves out: its task's, else the settings' defaults
+    (`queue` stays None when the task names none: the job must then name its own)."""
+
+    queue: str | None
+    priority: int
+    max_attempts: int
+    lease_ttl_sec: int
+
+    @classmethod
+    def of(cls, task: Task | None, defaults: JobDefaults) -> JobOptions:
+        def pick(name: str) -> Any:
+            of_task = getattr(task, name) if task is not None else None
+            return of_task if of_task is not None else getattr(defaults, name)
+
+        return cls(
+            queue=task.queue if task is not None else None,
+            priority=pick("priority"),
+            max_attempts=pick("max_attempts"),
+            lease_ttl_sec=pick("lease_ttl_sec"),
+        )
+
+    def fill(self, job: NewJob, name: str) -> Any:
+        """`job`'s option `name`, or this default of it."""
+        own = getattr(job, name)
+        return own if own is not None else getattr(self, name)
+
+
+#: The options a job may leave out, to be filled by `JobOptions`.
+FILLED_OPTIONS: Final = ("queue", "priority", "max_attempts", "lease_ttl_sec")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    """What a producer asks for (the spec's trigger input, plus optional per-job limits).
+
+    Checked when built: a field out of bounds raises `InvalidJob` naming it, before anything
+    is sent. `queue`, `priority`, `max_attempts` and `lease_ttl_sec` may be left None: they
+    come from the task's definition or the settings (`resolved`).
+    """
+
+    task: str
+    lock_key: str
+    args: dict[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    idempotency_key: str | None = None
+    partition_key: str = ""
+    priority: int | None = None
+    #: When the job may start (None: now); `delay` counts from the database's clock instead.
+    available_at: datetime | None = None
+    delay: timedelta | None = None
+    max_attempts: int | None = None
+    lease_ttl_sec: int | None = None
+    producer: str | None = None
+    consumer_group: str | None = None
+    #: When `idempotency_key` already names a job: run it again (a finished job is queued with
+    #: a fresh budget; a running one runs once more after it ends) instead of returning it.
+    rerun: bool = False
+    #: `args` as JSON text, as checked and as sent (PostgreSQL casts it to jsonb).
+    args_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.args, BaseModel):
+            object.__setattr__(self, "args", self.args.model_dump(mode="json"))
+        for name, check in limits.JOB_FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if value is None and name in limits.OPTIONAL_JOB_FIELDS:
+                continue
+            try:
+                checked = check(value)
+            except ValueError as exc:
+                raise InvalidJob(name, str(exc)) from None
+            if name == "args":
+                object.__setattr__(self, "args_json", checked)
+        if self.delay is not None:
+            if self.available_at is not None:
+                raise InvalidJob("delay", "give available_at or delay, not both")
+            if not isinstance(self.delay, timedelta) or not (
+                timedelta(0) <= self.delay <= timedelta(seconds=MAX_DELAY_SEC)
+            ):
+                raise InvalidJob(
+                    "delay", f"must be a timedelta from 0 to {MAX_DELAY_SEC / 86_400:.0f} days"
+                )
+        if self.rerun and self.idempotency_key is None:
+            raise InvalidJob("rerun", "re-running on update needs an idempotency_key")
+
+    def resolved(self, task: Task | None, defaults: JobDefaults) -> NewJob:
+        """This job with every option filled: its own value, else the task's, else the
+        settings'. A job without a queue whose task names none is refused."""
+        options = JobOptions.of(task, defaults)
+        self.check_queue(options)
+        filled = {name: options.fill(self, name) for name in FILLED_OPTIONS}
+        if all(getattr(self, name) == value for name, value in filled.items()):
+            return self
+        # a copy without checking every field again: the filled values are checked already
+        # (the task's when it was defined, the settings' when they were read)
+        copy = object.__new__(NewJob)
+        for name in self.__slots__:
+            object.__setattr__(copy, name, filled.get(name, getattr(self, name)))
+        return copy
+
+    def check_queue(self, options: JobOptions) -> None:
+        """InvalidJob unless the job, or its task, names a queue."""
+        if self.queue is None and options.queue is None:
+            raise InvalidJob("queue", f"required: task {self.task!r} does not name its queue")
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every option the table needs is filled."""
+        return None not in (self.queue, self.priority, self.max_attempts, self.lease_ttl_sec)
+
+    @property
+    def delay_sec(self) -> float | None:
+        return None if self.delay is None else self.delay.total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """The job an enqueue created, or found by its idempotency key."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    #: Whether this call created the job (False: its idempotency_key already named it).
+    created: bool
+    #: Whether this call asked an existing job to run again (`rerun`).
+    rerun: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job as readers see it (the spec's status fields first)."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    error: str | None
+    progress: dict[str, Any]
+    queue: str
+    task: str
+    max_attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    available_at: datetime
+    lock_key: str
+    idempotency_key: str | None
+    priority: int
+    #: The task's return value when the last attempt succeeded (JSON), else None.
+    result: Any
+    #: How long the last attempt ran, in milliseconds.
+    duration_ms: int | None
+    #: The worker process that made the last claim.
+    worker_id: str | None
+    #: The cursor the task last saved with `ctx.checkpoint` (None: none).
+    checkpoint: Any
+    rerun_requested: bool
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job is in a final state (succeeded, failed, canceled, lost)."""
+        return self.status in {
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELED,
+            JobStatus.LOST,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One entry of a job's journal."""
+
+    event_id: int
+    kind: str
+    ts: datetime
+    payload: dict[str, Any] | None

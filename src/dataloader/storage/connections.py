@@ -1,0 +1,224 @@
+"""Connection hygiene: statements that cannot hang nor leave a bad connection behind, and the
+server sessions of connections given up on, ended from a connection that works."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import asyncpg
+from asyncpg import Record
+
+from dataloader.storage import queries
+from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+log = logging.getLogger(__name__)
+
+
+class Connections(Protocol):
+    """Where the client's statements run: a source of asyncpg connections."""
+
+    def connection(self) -> Any:
+        """An async context manager giving an asyncpg connection for a few statements."""
+        ...
+
+
+class GuardedPool:
+    """A pool whose statements cannot hang nor leave a bad connection behind.
+
+    Every statement waits at most `timeout` seconds for its connection, and for its answer the
+    pool's command timeout (dataloader's pools have `timeout`; an application's pool given to
+    the client has whatever its owner chose). A statement that timed out or was cancelled (a
+    pipeline being stopped, a caller's own timeout) closes its connection at once, which the
+    pool replaces: asyncpg would otherwise wait for the server to confirm the cancel before
+    handing the connection back, which a half-open socket never does, and a stopped pipeline
+    must stop now, not after that wait. Its server session, which outlives a half-open socket,
+    is ended from the next connection (see `AbandonedSessions`). The client's listener, which
+    holds a connection with no statement in flight, stops by itself and gives it back
+    (UNLISTENed) rather than being cancelled.
+    """
+
+    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        #: Server pid → start of the pool's sessions, learnt on each one's first use.
+        self._sessions: dict[int, datetime] = {}
+        self._abandoned = AbandonedSessions("pool")
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[PoolConnectionProxy[Record]]:
+        """A pool connection, closed instead of reused if a statement was cut short."""
+        conn = await self._pool.acquire(timeout=self._timeout)
+        try:
+            await self._know_session(conn)
+            yield conn
+        except (asyncio.CancelledError, TimeoutError, asyncpg.InternalClientError):
+            # its statement may still be in flight, on a socket that may be half-open (or the
+            # driver lost track of it): close it, and end its session from the next connection
+            # (if it is still there)
+            started = self._sessions.pop(conn.get_server_pid(), None)
+            if started is not None:
+                self._abandoned.add(conn.get_server_pid(), started)
+            conn.terminate()
+            raise
+        finally:
+            await self._pool.release(conn, timeout=self._timeout)
+
+    async def _know_session(self, conn: PoolConnectionProxy[Record]) -> None:
+        """Learn a new connection's session identity; end sessions given up on."""
+        if conn.get_server_pid() not in self._sessions:
+            if len(self._sessions) > 1000:  # forget connections the pool has long replaced
+                self._sessions.clear()
+            pid, started = await session_identity(conn)  # type: ignore[arg-type]
+            self._sessions[pid] = started
+        if self._abandoned:
+            await self._abandoned.end(conn, self._timeout)  # type: ignore[arg-type]
+
+    async def fetch(self, query: str, *args: Any) -> list[Record]:
+        async with self.connection() as conn:
+            return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> Record | None:
+        async with self.connection() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async with self.connection() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        async with self.connection() as conn:
+            return await conn.execute(query, *args)
+
+
+async def session_identity(conn: Connection) -> tuple[int, datetime]:
+    """(pid, backend_start) of the session behind `conn`."""
+    row = await conn.fetchrow(queries.SESSION_IDENTITY)
+    assert row is not None  # our own session is always in pg_stat_activity
+    return row["pid"], row["backend_start"]
+
+
+async def end_session(conn: Connection, pid: int, backend_start: datetime) -> bool:
+    """Terminate the session (pid, backend_start) if it still exists; whether it did."""
+    return bool(
+        await conn.fetchval(*queries.END_SESSION.bind(pid=pid, backend_start=backend_start))
+    )
+
+
+class AbandonedSessions:
+    """Server sessions of ours given up on (no answer within the timeout: a half-open socket),
+    to be ended from a connection that works. The server keeps such a session, with its locks
+    and its connection slot, until TCP keepalive notices the silence, by default after hours.
+    Sessions are matched on pid *and* start time, so a pid reused since is never touched."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._pending: set[tuple[int, datetime]] = set()
+
+    def add(self, pid: int, backend_start: datetime) -> None:
+        self._pending.add((pid, backend_start))
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    async def end(self, conn: Connection, timeout: float) -> None:
+        """End every pending session from `conn`. One the server refuses to end is logged and
+        dropped; on a connection failure the rest stay pending for the next connection."""
+        for pid, started in list(self._pending):
+            try:
+                ended = await asyncio.wait_for(end_session(conn, pid, started), timeout)
+            except asyncpg.PostgresError as exc:  # e.g. a role not allowed to end sessions
+                log.warning(
+                    "could not end the abandoned %s session (pid %d): %s", self._label, pid, exc
+                )
+                ended = False
+            self._pending.discard((pid, started))
+            if ended:
+                log.warning("ended the abandoned %s session (pid %d)", self._label, pid)
+
+
+async def ping(conn: Connection) -> None:
+    """Round trip on a dedicated connection; raises if it is dead."""
+    await conn.fetchval(queries.PING)
+
+
+class EngineConnections:
+    """The asyncpg connections behind a SQLAlchemy `AsyncEngine` (driver asyncpg): a client
+    built on an application's engine shares its pool. Statements run on the driver's
+    connection, outside SQLAlchemy's transaction handling, each committing on its own; a
+    statement cut short is cancelled by asyncpg, and SQLAlchemy's pool resets (or discards) the
+    connection when it comes back, as it does for the application's own statements."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        if not isinstance(engine, AsyncEngine):
+            raise TypeError(
+                "engine must be a SQLAlchemy AsyncEngine (create_async_engine"
+                f"('postgresql+asyncpg://…')), not {type(engine).__name__}"
+            )
+        _require_asyncpg(engine.dialect.driver, "engine")
+        self._engine = engine
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AnyConnection]:
+        """The driver's connection of one of the engine's; one that died meanwhile (a
+        terminated session, a restarted server) is discarded, not given back to the pool."""
+        async with self._engine.connect() as sa_conn:
+            raw = await sa_conn.get_raw_connection()
+            driver: AnyConnection | None = raw.driver_connection
+            assert driver is not None  # an open connection has its driver's
+            try:
+                yield driver
+            finally:
+                # SQLAlchemy learns that a connection died from the errors of its own
+                # statements; ours run past it, so it would hand this one out again
+                if driver.is_closed():
+                    await sa_conn.invalidate()
+
+
+async def caller_connection(
+    connection: AnyConnection | AsyncSession | AsyncConnection,
+) -> AnyConnection:
+    """The asyncpg connection to run statements on inside the caller's transaction: the
+    connection itself, or the one behind a SQLAlchemy `AsyncSession` or `AsyncConnection`
+    (driver asyncpg). SQLAlchemy begins its transaction with the first statement: if it has
+    not sent BEGIN yet (a session or connection that ran nothing so far), a first statement
+    is sent through SQLAlchemy, so that ours run inside that transaction and are committed or
+    rolled back with it (a connection in AUTOCOMMIT commits each statement, ours too)."""
+    if isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        return connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    if isinstance(connection, AsyncSession):
+        if connection.bind is not None:  # refused before it opens a transaction
+            _require_asyncpg(connection.bind.dialect.driver, "session")
+        connection = await connection.connection()
+    if not isinstance(connection, AsyncConnection):
+        raise TypeError(
+            "connection must be an asyncpg connection or a SQLAlchemy AsyncSession or"
+            f" AsyncConnection, not {type(connection).__name__}"
+        )
+    _require_asyncpg(connection.dialect.driver, "connection")
+    raw = await connection.get_raw_connection()
+    driver: AnyConnection = raw.driver_connection  # type: ignore[assignment]
+    if not driver.is_in_transaction():
+        # begins SQLAlchemy's transaction if it has none yet (as any statement would), and
+        # makes it send its BEGIN: without one, ours would commit on their own
+        await connection.exec_driver_sql(queries.PING)
+    return driver
+
+
+def _require_asyncpg(driver: str, what: str) -> None:
+    if driver != "asyncpg":
+        raise TypeError(
+            f"the {what}'s driver is {driver!r}: dataloader needs asyncpg (postgresql+asyncpg://…)"
+        )

@@ -1,0 +1,229 @@
+"""The worker protocol: claim, lock, keep the lease, record progress and checkpoints, finish,
+reap. Only dataloader's own workers use it; the public API is the client
+(`storage/repositories.py`, `dataloader.Client`).
+
+Every write after a claim is fenced on the claim's token (see `queries`); outcomes are
+decided in `dataloader.core.transitions` and written by `storage.transitions`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dataloader.base import JobStatus
+from dataloader.core.transitions import JobFacts, Transition
+from dataloader.storage import queries
+from dataloader.storage.connections import GuardedPool
+from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Connection, Pool
+from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker now runs; `claim_token` fences every later write (unlike `attempt`,
+    it is never given to another claim, even when this one is handed back with a refund, nor
+    after a failover that lost the last claims; `claim_seq` counts the job's claims)."""
+
+    job_id: uuid.UUID
+    queue: str
+    task: str
+    args: dict[str, Any]
+    lock_key: str
+    lock_hash: int
+    partition_key: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_ttl_sec: int
+    cancel_requested: bool
+    claim_seq: int
+    claim_token: uuid.UUID
+    handbacks: int = 0
+    rerun_requested: bool = False
+    #: The checkpoint an earlier attempt saved (None: start from the beginning).
+    checkpoint: Any = None
+
+    def facts(self, cancel_requested: bool | None = None) -> JobFacts:
+        """The job as claimed, for deciding its outcome (with a cancel request learnt since,
+        when given)."""
+        return JobFacts(
+            status=JobStatus.RUNNING,
+            attempt=self.attempt,
+            max_attempts=self.max_attempts,
+            handbacks=self.handbacks,
+            cancel_requested=self.cancel_requested
+            if cancel_requested is None
+            else cancel_requested,
+            rerun_requested=self.rerun_requested,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat learnt of one job that is still ours."""
+
+    cancel_requested: bool
+    #: False when the row was locked by someone else: the lease was not extended this time.
+    extended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredJob:
+    """A running job whose lease expired, as the reaper read it."""
+
+    job_id: uuid.UUID
+    claim_token: uuid.UUID | None
+    facts: JobFacts
+
+
+class WorkerProtocol:
+    """The worker's statements over a pool (with `GuardedPool`'s connection hygiene)."""
+
+    def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
+        #: The pool with its connection hygiene (for other stores on the same pool).
+        self.db = GuardedPool(pool, timeout)
+
+    async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
+        rows = await self.db.fetch(
+            *queries.CLAIM_JOBS.bind(
+                queue=queue, limit=limit, worker_id=worker_id, claim_seed=uuid.uuid4()
+            )
+        )
+        return [
+            ClaimedJob(
+                job_id=r["job_id"],
+                queue=r["queue"],
+                task=r["task"],
+                args=r["args"],
+                lock_key=r["lock_key"],
+                lock_hash=r["lock_hash"],
+                partition_key=r["partition_key"],
+                priority=r["priority"],
+                attempt=r["attempt"],
+                max_attempts=r["max_attempts"],
+                lease_ttl_sec=r["lease_ttl_sec"],
+                cancel_requested=r["cancel_requested"],
+                claim_seq=r["claim_seq"],
+                claim_token=r["claim_token"],
+                handbacks=r["handbacks"],
+                rerun_requested=r["rerun_requested"],
+                checkpoint=None if r["checkpoint"] is None else json.loads(r["checkpoint"]),
+            )
+            for r in rows
+        ]
+
+    async def next_due_in(self, queue: str) -> float | None:
+        """Seconds until the queue's earliest delayed job is due, or None."""
+        value: float | None = await self.db.fetchval(*queries.NEXT_DUE_IN.bind(queue=queue))
+        return value
+
+    async def lock_key_holder(self, job: ClaimedJob) -> str | None:
+        """Who holds the lock_key `job` could not take (see `queries.LOCK_KEY_HOLDER`), or
+        None when the job is no longer ours."""
+        holder: str | None = await self.db.fetchval(
+            *queries.LOCK_KEY_HOLDER.bind(job_id=job.job_id, claim_token=job.claim_token)
+        )
+        return holder
+
+    async def heartbeat(
+        self, beats: Sequence[tuple[uuid.UUID, uuid.UUID, bool]], worker_id: str
+    ) -> dict[uuid.UUID, Beat]:
+        """Extend leases of (job_id, claim_token, journal?) triples; the jobs still ours."""
+        if not beats:
+            return {}
+        ids, tokens, journal = zip(*beats, strict=True)
+        rows = await self.db.fetch(
+            *queries.HEARTBEAT_JOBS.bind(
+                job_ids=list(ids),
+                claim_tokens=list(tokens),
+                journal=list(journal),
+                worker_id=worker_id,
+            )
+        )
+        return {r["job_id"]: Beat(r["cancel_requested"], r["extended"]) for r in rows}
+
+    async def set_progress(
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, progress_json: str
+    ) -> bool | None:
+        """Store progress (JSON text); returns cancel_requested, or None when the job is not
+        ours."""
+        value: bool | None = await self.db.fetchval(
+            *queries.SET_PROGRESS.bind(
+                job_id=job_id, claim_token=claim_token, progress=progress_json
+            )
+        )
+        return value
+
+    async def set_checkpoint(
+        self, job_id: uuid.UUID, claim_token: uuid.UUID, checkpoint_json: str
+    ) -> bool | None:
+        """Store the checkpoint (JSON text); returns cancel_requested, or None when the job is
+        not ours."""
+        value: bool | None = await self.db.fetchval(
+            *queries.SET_CHECKPOINT.bind(
+                job_id=job_id, claim_token=claim_token, checkpoint=checkpoint_json
+            )
+        )
+        return value
+
+    async def finish(
+        self, outcomes: Sequence[tuple[ClaimedJob, JobFacts, Transition]], worker_id: str
+    ) -> dict[uuid.UUID, Applied]:
+        """Write the decided outcomes of claimed jobs (facts: what each was decided on)."""
+        return await apply_transitions(
+            self.db.fetch,
+            [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes],
+            actor_role="worker",
+            actor=worker_id,
+            wakes_own_queue=True,
+        )
+
+    async def expired(self, limit: int) -> list[ExpiredJob]:
+        """Running jobs whose lease expired, oldest first."""
+        rows = await self.db.fetch(*queries.EXPIRED_JOBS.bind(limit=limit))
+        return [ExpiredJob(r["job_id"], r["claim_token"], facts_of(r)) for r in rows]
+
+    async def reap(
+        self, decided: Sequence[tuple[ExpiredJob, Transition]], reaper_id: str
+    ) -> dict[uuid.UUID, Applied]:
+        """Write the reaper's transitions, each only if its lease is still expired."""
+        return await apply_transitions(
+            self.db.fetch,
+            [(Fence(e.job_id, e.facts, e.claim_token, expired=True), t) for e, t in decided],
+            actor_role="reaper",
+            actor=reaper_id,
+        )
+
+
+async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:
+    """Session-level `pg_try_advisory_lock` of each hash on the lock-holding connection."""
+    rows = await conn.fetch(*queries.TRY_ADVISORY_LOCKS.bind(lock_hashes=list(lock_hashes)))
+    return {r["lock_hash"]: r["locked"] for r in rows}
+
+
+async def advisory_unlock(conn: Connection, lock_hashes: Sequence[int]) -> int:
+    """Release session-level advisory locks; returns how many this session held."""
+    released: int = await conn.fetchval(
+        *queries.ADVISORY_UNLOCK.bind(lock_hashes=list(lock_hashes))
+    )
+    return released
+
+
+async def held_advisory_locks(conn: Connection) -> set[int]:
+    """The one-key advisory locks the session behind `conn` holds (each once, however many
+    times it took it)."""
+    return {r["lock_hash"] for r in await conn.fetch(queries.HELD_ADVISORY_LOCKS)}
+
+
+async def advisory_unlock_fully(conn: Connection, lock_hashes: Sequence[int]) -> None:
+    """Release every level of each hash (a session-level advisory lock taken twice needs two
+    releases); hashes the session does not hold are skipped."""
+    pending = list(lock_hashes)
+    while pending:
+        released = await conn.fetch(*queries.ADVISORY_UNLOCK_HELD.bind(lock_hashes=pending))
+        pending = [r["lock_hash"] for r in released]

@@ -1,0 +1,149 @@
+"""Applying decided transitions (`dataloader.core.transitions`) with one fenced statement.
+
+Workers (outcomes), the reaper (expired leases) and clients (cancel, retry, re-run) decide a
+job's next state on a snapshot of its row, then write it here, only if the row still matches
+that snapshot (`Fence`). A row that changed comes back with its facts now, to decide again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from asyncpg import Record
+
+from dataloader.base import JobStatus
+from dataloader.core.transitions import KEEP, JobFacts, Transition
+from dataloader.storage import queries
+from dataloader.storage.db import storable_text
+
+Fetch = Callable[..., Awaitable[list[Record]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What the row must still be for a transition to be written: the facts it was decided
+    on, the claim that decided it (None: a job nobody runs), and, for the reaper, a lease
+    still expired."""
+
+    job_id: uuid.UUID
+    facts: JobFacts
+    claim_token: uuid.UUID | None = None
+    expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What became of one transition."""
+
+    #: written; changed (the row's attempt or flags differ: decide again on `facts`); busy
+    #: (someone else holds the row: try again later).
+    state: Literal["written", "changed", "busy"]
+    #: written: whether the job woken next had waited because of a lock_key collision.
+    collision: bool = False
+    #: changed: the row's facts now.
+    facts: JobFacts | None = None
+
+
+async def apply_transitions(
+    fetch: Fetch,
+    items: Sequence[tuple[Fence, Transition]],
+    *,
+    actor_role: str,
+    actor: str,
+    wakes_own_queue: bool = False,
+) -> dict[uuid.UUID, Applied]:
+    """Write each transition whose fence holds; a job missing from the answer no longer
+    matches its fence (it is not the caller's any more)."""
+    if not items:
+        return {}
+    rows = await fetch(
+        *queries.APPLY_TRANSITIONS.bind(
+            **_arrays(items), actor_role=actor_role, actor=actor, wakes_own_queue=wakes_own_queue
+        )
+    )
+    return {row["job_id"]: _applied(row) for row in rows}
+
+
+#: Bits of APPLY_TRANSITIONS's `flags` (its `t` CTE reads them by these values).
+EXPECT_CANCEL, EXPECT_RERUN, EXPECT_EXPIRED, FINISHED = 1, 2, 4, 8
+SET_ERROR, SET_RESULT, SET_DURATION, CLEAR_START, CLEAR_CHECKPOINT = 16, 32, 64, 128, 256
+SET_CANCEL, CANCEL, SET_RERUN, RERUN = 512, 1024, 2048, 4096
+
+
+def _arrays(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[Any]]:
+    """The statement's parameters: one list per column, one element per transition."""
+    fences = [fence for fence, _ in items]
+    moves = [t for _, t in items]
+    return {
+        "job_ids": [f.job_id for f in fences],
+        "expect_status": [f.facts.status.value for f in fences],
+        "expect_tokens": [f.claim_token for f in fences],
+        "expect_attempt": [f.facts.attempt for f in fences],
+        "status": [t.status.value for t in moves],
+        "attempt": [t.attempt for t in moves],
+        "handbacks": [t.handbacks for t in moves],
+        "retry_in": [t.retry_in_sec if t.status is JobStatus.QUEUED else None for t in moves],
+        "error": [
+            None if t.error is KEEP or t.error is None else storable_text(t.error) for t in moves
+        ],
+        "result": [None if t.result is KEEP else t.result for t in moves],
+        "duration_ms": [None if t.duration_ms is KEEP else t.duration_ms for t in moves],
+        "args": [t.args_json for t in moves],
+        "journal": [t.journal for t in moves],
+        "detail": [json.dumps(_storable(t.detail)) if t.detail else None for t in moves],
+        "flags": [_flags(f, t) for f, t in items],
+    }
+
+
+def _flags(fence: Fence, t: Transition) -> int:
+    """The yes/no parts of a fence and its transition, as APPLY_TRANSITIONS's `flags`."""
+    facts = fence.facts
+    return (
+        (EXPECT_CANCEL if facts.cancel_requested else 0)
+        | (EXPECT_RERUN if facts.rerun_requested else 0)
+        | (EXPECT_EXPIRED if fence.expired else 0)
+        | (FINISHED if t.finished else 0)
+        | (0 if t.error is KEEP else SET_ERROR)
+        | (0 if t.result is KEEP else SET_RESULT)
+        | (0 if t.duration_ms is KEEP else SET_DURATION)
+        | (CLEAR_START if t.clear_start else 0)
+        | (CLEAR_CHECKPOINT if t.clear_checkpoint else 0)
+        | (0 if t.cancel_requested is KEEP else SET_CANCEL | (CANCEL if t.cancel_requested else 0))
+        | (0 if t.rerun_requested is KEEP else SET_RERUN | (RERUN if t.rerun_requested else 0))
+    )
+
+
+def _storable(value: Any) -> Any:
+    """`value` (a journal entry's detail) with every string storable in jsonb: an error text
+    or a retry policy's complaint may quote a task's own message, NUL and lone surrogates
+    included, which jsonb refuses (and with them the statement writing every outcome of a
+    flush)."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, Mapping):
+        return {storable_text(str(k)): _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    return value
+
+
+def _applied(row: Record) -> Applied:
+    if row["state"] != "changed":
+        return Applied(row["state"], row["collision"])
+    return Applied("changed", facts=facts_of(row))
+
+
+def facts_of(row: Record) -> JobFacts:
+    """A job's facts from a row with its status, attempt, max_attempts, handbacks and flags."""
+    return JobFacts(
+        status=JobStatus(row["status"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        handbacks=row["handbacks"],
+        cancel_requested=row["cancel_requested"],
+        rerun_requested=row["rerun_requested"],
+    )
