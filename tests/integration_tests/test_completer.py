@@ -13,7 +13,7 @@ from dataloader.core.transitions import Ended, Outcome
 from dataloader.workers.runtime import RunningJob
 
 from .conftest import Service, StartService
-from .helpers import event_kinds, wait_until
+from .helpers import event_kinds, event_payloads, wait_until
 
 #: A queue no worker of the test's service serves: its jobs are claimed by hand.
 MANUAL = "manual"
@@ -189,3 +189,42 @@ async def test_a_rerun_asked_for_while_the_job_backed_off_runs_it_once(
     state = await service.dl.get(job.job_id)
     assert state is not None
     assert (state.status, state.result) == (JobStatus.SUCCEEDED, {"value": 2})
+
+
+async def test_outcomes_of_every_kind_in_one_flush_are_each_written_as_decided(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """One statement writes a flush: jobs sharing the shape of their transition (two
+    successes) and jobs of shapes of their own each get their own values."""
+    service = await start_service()
+    runtime, completer = service.manager.runtime, service.manager.completer
+    outcomes = {
+        "ok-1": success(1),
+        "ok-2": success(2),
+        "retried": Outcome(Ended.FAILED, "try again", duration_ms=3),
+        "failed": Outcome(Ended.FAILED, "hopeless", retryable=False, duration_ms=4),
+        "handed-back": Outcome(Ended.HANDED_BACK, "stopping", refund=True, duration_ms=5),
+    }
+    for key in outcomes:
+        await service.dl.enqueue("t.mixed", lock_key=key, queue=MANUAL, max_attempts=3)
+    claimed = await runtime.protocol.claim(MANUAL, len(outcomes), runtime.worker_id)
+    assert len(claimed) == len(outcomes)
+    for job in claimed:
+        await completer.finish(running(service, RunningJob(job)), outcomes[job.lock_key])
+    await completer.wait_flushed()
+
+    rows = await conn.fetch(
+        "SELECT lock_key, status::text, attempt, error, result::text, duration_ms "
+        "FROM dl_jobs WHERE queue = $1",
+        MANUAL,
+    )
+    assert {r["lock_key"]: tuple(r)[1:] for r in rows} == {
+        "ok-1": ("succeeded", 1, None, '{"value": 1}', 1),
+        "ok-2": ("succeeded", 1, None, '{"value": 2}', 1),
+        "retried": ("queued", 1, "try again", None, 3),
+        "failed": ("failed", 1, "hopeless", None, 4),
+        "handed-back": ("queued", 0, None, None, None),  # not a failure: nothing recorded
+    }
+    handed_back = next(job.job_id for job in claimed if job.lock_key == "handed-back")
+    (requeue,) = await event_payloads(conn, str(handed_back), "requeue")
+    assert (requeue["reason"], requeue["refunded"]) == ("stopping", True)

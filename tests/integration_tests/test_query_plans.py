@@ -19,7 +19,7 @@ from dataloader.base import JobStatus
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, JobFacts, Outcome, after_attempt
 from dataloader.storage import db, queries
-from dataloader.storage.transitions import Fence, _arrays
+from dataloader.storage.transitions import Fence, parameters_of
 
 RUNNING = 3000
 
@@ -29,7 +29,7 @@ def _apply_args() -> tuple[Any, ...]:
     facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
     fence = Fence(uuid.uuid4(), facts, uuid.uuid4())
     transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
-    arrays = _arrays([(fence, transition)])
+    arrays = parameters_of([(fence, transition)])
     return queries.APPLY_TRANSITIONS.bind(
         **arrays, actor_role="worker", actor="w", wakes_own_queue=True
     )

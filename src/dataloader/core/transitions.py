@@ -9,6 +9,10 @@ matches the snapshot; when it does not (a cancel was requested meanwhile, say), 
 reads the row again and decides again. So a new state, a new policy or a new flag is a change
 here, and its rules are tested without a database.
 
+Facts, outcomes and transitions are values: nothing changes one once built (`replace` makes
+another). They are not frozen dataclasses only because the worker builds each of them once per
+job, and a frozen one costs three times as much to build.
+
     queued ──claim──► running ──success──────────────────────► succeeded
       ▲                  │ ├─failure, attempts left──► queued (after the retry policy's delay)
       │                  │ ├─failure, none left / not retryable──► failed
@@ -49,7 +53,7 @@ class Keep(Enum):
 KEEP: Final = Keep.KEEP
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobFacts:
     """What a decision needs to know of a job: its row as last read (or as claimed)."""
 
@@ -75,7 +79,7 @@ class Ended(Enum):
     BACKED_OFF = "backed_off"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """What happened to one attempt."""
 
@@ -97,7 +101,7 @@ class Outcome:
     duration_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Transition:
     """A decided change of one job, with absolute new values (applied only if the row still
     matches the facts it was decided on)."""

@@ -22,11 +22,12 @@ from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Connection, Pool
 from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimedJob:
     """A job this worker now runs; `claim_token` fences every later write (unlike `attempt`,
     it is never given to another claim, even when this one is handed back with a refund, nor
-    after a failover that lost the last claims; `claim_seq` counts the job's claims)."""
+    after a failover that lost the last claims; `claim_seq` counts the job's claims). A value,
+    as the core's facts are (not frozen for the same reason: one is built per job)."""
 
     job_id: uuid.UUID
     queue: str

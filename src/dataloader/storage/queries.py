@@ -360,11 +360,11 @@ RETURNING cancel_requested
 
 # --- transitions --------------------------------------------------------------------------
 
-#: Apply decided transitions (dataloader.core.transitions), one array element per job. A job is
-#: written only if its row still matches the facts the transition was decided on: its status
-#: (`expect_status`), the claim that decided it (`expect_tokens`, NULL for a client's move of a
-#: job nobody runs), its attempt and flags, and for the reaper (`expect_expired`) a lease still
-#: expired (a heartbeat may have extended it since it was read). Each job comes back as
+#: Apply decided transitions (dataloader.core.transitions). A job is written only if its row
+#: still matches the facts the transition was decided on: its status (`expect_status`), the
+#: claim that decided it (`expect_tokens`, NULL for a client's move of a job nobody runs), its
+#: attempt and flags, and for the reaper (`expect_expired`) a lease still expired (a heartbeat
+#: may have extended it since it was read). Each job comes back as
 #: * `written`, with whether the job woken next had waited because of a lock_key collision;
 #: * `changed`: the identity holds but the attempt or a flag differs (a cancel or re-run was
 #:   requested meanwhile): its facts come back, to decide again;
@@ -375,15 +375,31 @@ RETURNING cancel_requested
 #: on whichever replica serves its queue; with `wakes_own_queue` (a worker, which serves the
 #: job's queue) a waiter of the same queue is not notified: the caller wakes its queue itself.
 #: The journal entry records the attempt that ended, `actor_role: actor` and the transition's
-#: detail (JSON text). The yes/no parts of each transition come packed in `flags` (one int per
-#: job instead of eleven arrays: asyncpg's encoding of each array element is most of the cost
-#: of a batch of outcomes on the worker's side); storage/transitions.py names the bits.
+#: detail (JSON text).
+#: What varies per job (id, claim token, result, duration) comes one element per job; the rest
+#: comes once per distinct *shape* (`kinds` names each job's), since the outcomes of a batch
+#: mostly share one and asyncpg's encoding of every array element is most of the cost of a
+#: batch on the worker's side. The yes/no parts of a shape come packed in `flags`;
+#: storage/transitions.py names the bits.
 APPLY_TRANSITIONS: Final = Statement("""
-WITH t AS (
-    SELECT u.job_id, u.expect_status, u.expect_token, u.expect_attempt, u.status, u.attempt,
-           u.handbacks, u.retry_in, u.error, u.result, u.duration_ms, u.args, u.journal,
-           u.detail,
-           -- the transition's yes/no parts, packed in one integer (bits in TRANSITION_FLAGS)
+WITH u AS (
+    SELECT u.job_id, u.expect_token, u.result, u.duration_ms, u.kind,
+           (:flags::int[])[u.kind] AS flags
+    FROM unnest(:job_ids::uuid[], :expect_tokens::uuid[], :kinds::int[], :results::text[],
+                :durations::bigint[]) AS u(job_id, expect_token, kind, result, duration_ms)
+), t AS (
+    -- each job's shape, by subscript (a join would let the number of shapes sway the plan)
+    SELECT u.job_id, u.expect_token, u.result, u.duration_ms,
+           (:expect_status::text[])[u.kind] AS expect_status,
+           (:expect_attempt::int[])[u.kind] AS expect_attempt,
+           (:status::text[])[u.kind] AS status,
+           (:attempt::int[])[u.kind] AS attempt,
+           (:handbacks::int[])[u.kind] AS handbacks,
+           (:retry_in::float8[])[u.kind] AS retry_in,
+           (:error::text[])[u.kind] AS error,
+           (:args::text[])[u.kind] AS args,
+           (:journal::text[])[u.kind] AS journal,
+           (:detail::text[])[u.kind] AS detail,
            (u.flags & 1) <> 0 AS expect_cancel,
            (u.flags & 2) <> 0 AS expect_rerun,
            (u.flags & 4) <> 0 AS expect_expired,
@@ -393,65 +409,62 @@ WITH t AS (
            (u.flags & 64) <> 0 AS set_duration,
            (u.flags & 128) <> 0 AS clear_start,
            (u.flags & 256) <> 0 AS clear_checkpoint,
-           CASE WHEN (u.flags & 512) <> 0 THEN (u.flags & 1024) <> 0 END AS cancel_requested,
-           CASE WHEN (u.flags & 2048) <> 0 THEN (u.flags & 4096) <> 0 END AS rerun_requested
-    FROM unnest(
-        :job_ids::uuid[], :expect_status::text[], :expect_tokens::uuid[], :expect_attempt::int[],
-        :status::text[], :attempt::int[], :handbacks::int[], :retry_in::float8[],
-        :error::text[], :result::text[], :duration_ms::bigint[], :args::text[],
-        :journal::text[], :detail::text[], :flags::int[])
-    AS u(job_id, expect_status, expect_token, expect_attempt, status, attempt, handbacks,
-         retry_in, error, result, duration_ms, args, journal, detail, flags)
+           CASE WHEN (u.flags & 512) <> 0 THEN (u.flags & 1024) <> 0 END AS set_cancel,
+           CASE WHEN (u.flags & 2048) <> 0 THEN (u.flags & 4096) <> 0 END AS set_rerun
+    FROM u
 ), ident AS (
     SELECT j.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
     WHERE j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
       AND (NOT t.expect_expired OR j.lease_expires_at < now())
 ), mine AS (
-    -- the same test again under the row lock (a row changed since the snapshot is tested as it
-    -- is now); a row this skips was locked by someone else, or stopped matching meanwhile. It
-    -- reads the row's facts as they are now, for a job to be decided again.
-    SELECT j.job_id, j.status::text AS status, j.attempt, j.max_attempts, j.handbacks,
-           j.cancel_requested, j.rerun_requested
+    -- the same test again under the row lock (a row changed since the snapshot is tested, and
+    -- read, as it is now); a row this skips was locked by someone else, or stopped matching
+    -- meanwhile. Whether the row's attempt and flags still match is `fenced`; they come back
+    -- for a job to be decided again when they do not.
+    SELECT t.*, j.status::text AS row_status, j.attempt AS row_attempt, j.max_attempts,
+           j.handbacks AS row_handbacks, j.cancel_requested AS row_cancel,
+           j.rerun_requested AS row_rerun,
+           j.attempt = t.expect_attempt AND j.cancel_requested = t.expect_cancel
+               AND j.rerun_requested = t.expect_rerun AS fenced
     FROM dl_jobs j JOIN t ON j.job_id = t.job_id
     WHERE j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
       AND (NOT t.expect_expired OR j.lease_expires_at < now())
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), upd AS (
+    -- the rows `mine` locked: nobody can have changed them since
     UPDATE dl_jobs j
-    SET status = t.status::dl_status,
-        attempt = t.attempt,
-        handbacks = t.handbacks,
-        available_at = COALESCE(now() + make_interval(secs => t.retry_in), j.available_at),
+    SET status = m.status::dl_status,
+        attempt = m.attempt,
+        handbacks = m.handbacks,
+        available_at = COALESCE(now() + make_interval(secs => m.retry_in), j.available_at),
         lease_expires_at = NULL,
-        finished_at = CASE WHEN t.finished THEN now() END,
-        error = CASE WHEN t.set_error THEN t.error ELSE j.error END,
-        result = CASE WHEN t.set_result THEN t.result::jsonb ELSE j.result END,
-        duration_ms = CASE WHEN t.set_duration THEN t.duration_ms ELSE j.duration_ms END,
-        started_at = CASE WHEN t.clear_start THEN NULL ELSE j.started_at END,
-        heartbeat_at = CASE WHEN t.clear_start THEN NULL ELSE j.heartbeat_at END,
-        cancel_requested = COALESCE(t.cancel_requested, j.cancel_requested),
-        rerun_requested = COALESCE(t.rerun_requested, j.rerun_requested),
-        checkpoint = CASE WHEN t.clear_checkpoint THEN NULL ELSE j.checkpoint END,
-        args = COALESCE(t.args::jsonb, j.args)
-    FROM t, mine
-    WHERE j.job_id = mine.job_id AND t.job_id = mine.job_id
-      -- the element of `t` whose fence `mine` found holding (the same job may come twice,
-      -- from two claims: the row must take the transition of the claim that owns it)
-      AND j.status::text = t.expect_status
-      AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
-      AND j.attempt = t.expect_attempt AND j.cancel_requested = t.expect_cancel
-      AND j.rerun_requested = t.expect_rerun
-    RETURNING j.job_id, j.queue, j.lock_key, j.available_at, j.status, t.expect_status,
-              t.expect_attempt, t.journal, t.detail
+        finished_at = CASE WHEN m.finished THEN now() END,
+        error = CASE WHEN m.set_error THEN m.error ELSE j.error END,
+        result = CASE WHEN m.set_result THEN m.result::jsonb ELSE j.result END,
+        duration_ms = CASE WHEN m.set_duration THEN m.duration_ms ELSE j.duration_ms END,
+        started_at = CASE WHEN m.clear_start THEN NULL ELSE j.started_at END,
+        heartbeat_at = CASE WHEN m.clear_start THEN NULL ELSE j.heartbeat_at END,
+        cancel_requested = COALESCE(m.set_cancel, j.cancel_requested),
+        rerun_requested = COALESCE(m.set_rerun, j.rerun_requested),
+        checkpoint = CASE WHEN m.clear_checkpoint THEN NULL ELSE j.checkpoint END,
+        args = COALESCE(m.args::jsonb, j.args)
+    FROM mine m
+    WHERE j.job_id = m.job_id AND m.fenced
+    RETURNING j.job_id, j.queue, j.lock_key, j.available_at, j.status, m.expect_status,
+              m.expect_attempt, m.journal, m.detail
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, journal,
-           jsonb_build_object('attempt', expect_attempt, :actor_role::text, :actor::text)
-           || COALESCE(detail::jsonb, '{}'::jsonb)
-           || CASE WHEN status = 'queued' THEN jsonb_build_object('retry_at', available_at)
-                   ELSE '{}'::jsonb END
+           CASE WHEN detail IS NULL AND status <> 'queued'
+                THEN jsonb_build_object('attempt', expect_attempt, :actor_role::text, :actor::text)
+                ELSE jsonb_build_object('attempt', expect_attempt, :actor_role::text, :actor::text)
+                     || COALESCE(detail::jsonb, '{}'::jsonb)
+                     || CASE WHEN status = 'queued'
+                             THEN jsonb_build_object('retry_at', available_at)
+                             ELSE '{}'::jsonb END
+           END
     FROM upd
 ), announced AS (
     -- whoever waits for these jobs (Client.wait) learns that they ended: one notification per
@@ -481,9 +494,9 @@ SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collisi
 FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
 WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
 UNION ALL
-SELECT m.job_id, 'changed', false, m.status, m.attempt, m.max_attempts, m.handbacks,
-       m.cancel_requested, m.rerun_requested
-FROM mine m WHERE m.job_id NOT IN (SELECT job_id FROM upd)
+SELECT m.job_id, 'changed', false, m.row_status, m.row_attempt, m.max_attempts,
+       m.row_handbacks, m.row_cancel, m.row_rerun
+FROM mine m WHERE NOT m.fenced
 UNION ALL
 SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)

@@ -14,6 +14,8 @@ part of a `::type` cast.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any, Final
 
 #: Quoted text, quoted identifiers and comments (left alone), or a parameter name.
@@ -26,7 +28,7 @@ _TOKEN: Final = re.compile(
 class Statement:
     """One SQL statement, its named parameters compiled to asyncpg's `$n`."""
 
-    __slots__ = ("names", "sql")
+    __slots__ = ("_values_of", "names", "sql")
 
     def __init__(self, sql: str) -> None:
         names: list[str] = []
@@ -43,15 +45,27 @@ class Statement:
         self.sql: str = _TOKEN.sub(number, sql)
         #: Parameter names, in the order of their numbers.
         self.names: tuple[str, ...] = tuple(names)
+        self._values_of: Callable[[Mapping[str, Any]], tuple[Any, ...]] = _getter(self.names)
 
     def bind(self, **values: Any) -> tuple[Any, ...]:
         """`(sql, value of $1, value of $2, …)`, to unpack into an asyncpg call:
         `await conn.fetch(*STATEMENT.bind(queue=q))`."""
-        if len(values) != len(self.names) or not all(n in values for n in self.names):
-            missing = [n for n in self.names if n not in values]
-            unknown = [n for n in values if n not in self.names]
-            raise TypeError(f"statement parameters: missing {missing}, unknown {unknown}")
-        return (self.sql, *(values[n] for n in self.names))
+        if len(values) == len(self.names):  # then a name missing means one unknown
+            try:
+                return (self.sql, *self._values_of(values))
+            except KeyError:
+                pass
+        missing = [n for n in self.names if n not in values]
+        unknown = [n for n in values if n not in self.names]
+        raise TypeError(f"statement parameters: missing {missing}, unknown {unknown}")
 
     def __repr__(self) -> str:
         return f"Statement({self.sql[:60]!r}…, names={self.names})"
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """The values of `names` from a mapping, as a tuple in their order (a KeyError for a
+    missing one); `bind` runs for every statement a worker sends."""
+    if len(names) >= 2:
+        return itemgetter(*names)
+    return lambda values: tuple(values[n] for n in names)

@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from asyncpg import Record
 
@@ -62,7 +62,10 @@ async def apply_transitions(
         return {}
     rows = await fetch(
         *queries.APPLY_TRANSITIONS.bind(
-            **_arrays(items), actor_role=actor_role, actor=actor, wakes_own_queue=wakes_own_queue
+            **parameters_of(items),
+            actor_role=actor_role,
+            actor=actor,
+            wakes_own_queue=wakes_own_queue,
         )
     )
     return {row["job_id"]: _applied(row) for row in rows}
@@ -73,29 +76,62 @@ EXPECT_CANCEL, EXPECT_RERUN, EXPECT_EXPIRED, FINISHED = 1, 2, 4, 8
 SET_ERROR, SET_RESULT, SET_DURATION, CLEAR_START, CLEAR_CHECKPOINT = 16, 32, 64, 128, 256
 SET_CANCEL, CANCEL, SET_RERUN, RERUN = 512, 1024, 2048, 4096
 
+#: APPLY_TRANSITIONS's arrays of shapes (what jobs of one batch mostly share), in order.
+SHAPE_COLUMNS: Final = (
+    "expect_status",
+    "expect_attempt",
+    "status",
+    "attempt",
+    "handbacks",
+    "retry_in",
+    "error",
+    "args",
+    "journal",
+    "detail",
+    "flags",
+)
 
-def _arrays(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[Any]]:
-    """The statement's parameters: one list per column, one element per transition."""
-    fences = [fence for fence, _ in items]
-    moves = [t for _, t in items]
+
+def parameters_of(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[Any]]:
+    """APPLY_TRANSITIONS's parameters. What varies from job to job (its id, claim token,
+    result and duration) is sent per job; the rest of a fence and its transition (statuses,
+    counters, error, journal entry, flags) is sent once per distinct shape, which each job
+    names by its position: the outcomes of a flush mostly share one shape, and every element
+    of an array costs its encoding."""
+    shapes: dict[tuple[Any, ...], int] = {}
+    job_ids: list[uuid.UUID] = []
+    tokens: list[uuid.UUID | None] = []
+    kinds: list[int] = []
+    results: list[str | None] = []
+    durations: list[int | None] = []
+    for fence, t in items:
+        facts = fence.facts
+        shape = (
+            facts.status.value,
+            facts.attempt,
+            t.status.value,
+            t.attempt,
+            t.handbacks,
+            t.retry_in_sec if t.status is JobStatus.QUEUED else None,
+            None if t.error is KEEP or t.error is None else storable_text(t.error),
+            t.args_json,
+            t.journal,
+            json.dumps(_storable(t.detail)) if t.detail else None,
+            _flags(fence, t),
+        )
+        kinds.append(shapes.setdefault(shape, len(shapes) + 1))
+        job_ids.append(fence.job_id)
+        tokens.append(fence.claim_token)
+        results.append(None if t.result is KEEP else t.result)
+        durations.append(None if t.duration_ms is KEEP else t.duration_ms)
+    columns = dict(zip(SHAPE_COLUMNS, map(list, zip(*shapes, strict=True)), strict=True))
     return {
-        "job_ids": [f.job_id for f in fences],
-        "expect_status": [f.facts.status.value for f in fences],
-        "expect_tokens": [f.claim_token for f in fences],
-        "expect_attempt": [f.facts.attempt for f in fences],
-        "status": [t.status.value for t in moves],
-        "attempt": [t.attempt for t in moves],
-        "handbacks": [t.handbacks for t in moves],
-        "retry_in": [t.retry_in_sec if t.status is JobStatus.QUEUED else None for t in moves],
-        "error": [
-            None if t.error is KEEP or t.error is None else storable_text(t.error) for t in moves
-        ],
-        "result": [None if t.result is KEEP else t.result for t in moves],
-        "duration_ms": [None if t.duration_ms is KEEP else t.duration_ms for t in moves],
-        "args": [t.args_json for t in moves],
-        "journal": [t.journal for t in moves],
-        "detail": [json.dumps(_storable(t.detail)) if t.detail else None for t in moves],
-        "flags": [_flags(f, t) for f, t in items],
+        "job_ids": job_ids,
+        "expect_tokens": tokens,
+        "kinds": kinds,
+        "results": results,
+        "durations": durations,
+        **columns,
     }
 
 

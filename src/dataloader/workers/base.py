@@ -170,7 +170,8 @@ class QueueWorker:
     async def _execute(self, job: ClaimedJob) -> None:
         running = RunningJob(job)
         self._rt.running[job.job_id] = running
-        self._rt.job_started.set()
+        if job.lease_ttl_sec / 3 < self._rt.beat_period:  # its lease needs sooner beats
+            self._rt.job_started.set()
         if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
             running.lose("the lock connection was lost before the job started")
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):

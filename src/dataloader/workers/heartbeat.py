@@ -52,6 +52,7 @@ class Heartbeat:
             wait = min(last_beat + self.period(), self.next_fence_at()) - now
             if wait > 0:
                 self._rt.job_started.clear()
+                self._rt.beat_period = self.period()
                 await wait_any(stopping, self._rt.job_started, timeout=wait)
                 continue
             if now < last_beat + self.period():

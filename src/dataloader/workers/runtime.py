@@ -86,8 +86,11 @@ class WorkerRuntime:
     registry: PipelineRegistry
     worker_id: str
     running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
-    #: Set whenever a job starts (the heartbeat may need to beat sooner).
+    #: Set when a job starts whose lease needs beats more often than `beat_period`.
     job_started: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The period of the heartbeat's current sleep (a job whose lease needs a shorter one
+    #: wakes it; the others, most jobs, need not: a wake-up per job costs the worker's loop).
+    beat_period: float = float("inf")
 
     def lose_all(self, reason: str) -> None:
         """Every lock is gone (lock connection lost): stop every running pipeline."""
