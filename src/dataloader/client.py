@@ -101,6 +101,9 @@ class Client:
             max_attempts=settings.default_max_attempts,
             lease_ttl_sec=settings.default_lease_ttl_sec,
         )
+        #: Each known task's options, computed once per task definition (see `_options_of`).
+        self._task_options: dict[str, tuple[Task, JobOptions]] = {}
+        self._unknown_task_options = JobOptions.of(None, self._defaults)
         self._finished = _FinishedJobs(self._connections, settings.db_timeout_sec)
         self._owned_pool: Pool | None = None
 
@@ -161,40 +164,30 @@ class Client:
     ) -> NewJob:
         """A new job, checked and with its defaults filled (see `enqueue`); for
         `enqueue_many`. InvalidJob or InvalidJobArgs name what is wrong."""
+        known = task if isinstance(task, Task) else self.registry.get(task)
+        filled = self._options_of(task if isinstance(task, str) else task.name, known)
         at, delay = _when(available_at)
+        lease_ttl_sec = _lease_seconds(lease_ttl)
         new = NewJob(
             task=task.name if isinstance(task, Task) else task,
             args=args if args is not None else {},  # type: ignore[arg-type]
             lock_key=lock_key,
-            queue=queue,
+            queue=queue if queue is not None else filled.queue,
             idempotency_key=idempotency_key,
             partition_key=partition_key,
-            priority=priority,
+            priority=priority if priority is not None else filled.priority,
             available_at=at,
             delay=delay,
-            max_attempts=max_attempts,
-            lease_ttl_sec=_lease_seconds(lease_ttl),
+            max_attempts=max_attempts if max_attempts is not None else filled.max_attempts,
+            lease_ttl_sec=lease_ttl_sec if lease_ttl_sec is not None else filled.lease_ttl_sec,
             producer=producer,
             consumer_group=consumer_group,
             rerun=rerun,
         )
-        return self._prepare(new, task if isinstance(task, Task) else None)
-
-    def prepare(self, job: NewJob) -> NewJob:
-        """`job` checked against its task's args model (when this process knows the task)
-        and with every option filled from the task and the settings."""
-        if not isinstance(job, NewJob):
-            raise TypeError(f"expected a NewJob (see Client.job), not {type(job).__name__}")
-        return self._prepare(job, None)
-
-    def _prepare(self, job: NewJob, task: Task | None) -> NewJob:
-        """`job` checked and filled from `task` (else the task of that name this process
-        knows) and the settings."""
-        if task is None:
-            task = self.registry.get(job.task)
-        if task is not None:
-            task.check_args(job.args)
-        return job.resolved(task, self._defaults)
+        if known is not None:
+            known.check_args(new.args)
+        new.check_queue(filled)
+        return new
 
     async def enqueue(
         self,
@@ -220,14 +213,16 @@ class Client:
         if isinstance(task, NewJob):
             if args is not None or lock_key is not None or options:
                 raise TypeError("enqueue(NewJob) takes no other job fields")
-            new = self.prepare(task)
+            new = task
+            filled = self._options([new]).get(new.task)
         elif lock_key is None:
             raise InvalidJob("lock_key", "required: jobs sharing a lock_key never overlap")
         else:
-            new = self.job(task, args, lock_key=lock_key, **options)
+            new, filled = self.job(task, args, lock_key=lock_key, **options), None
         if connection is not None:
-            return await enqueue(await caller_connection(connection), new, actor=self._repo.actor)
-        return await self._repo.enqueue(new)
+            conn = await caller_connection(connection)
+            return await enqueue(conn, new, actor=self._repo.actor, options=filled)
+        return await self._repo.enqueue(new, filled)
 
     async def enqueue_many(
         self, jobs: Iterable[NewJob], *, connection: CallerConnection | None = None
@@ -255,13 +250,24 @@ class Client:
             name = job.task
             if name not in tasks:
                 tasks[name] = task = self.registry.get(name)
-                options[name] = JobOptions.of(task, self._defaults)
+                options[name] = self._options_of(name, task)
             task = tasks[name]
             if task is not None:
                 task.check_args(job.args)
             if job.queue is None:
                 job.check_queue(options[name])
         return options
+
+    def _options_of(self, name: str, task: Task | None) -> JobOptions:
+        """The options that fill what jobs of task `name` leave out (`task`: its definition in
+        this process, if any), remembered while that definition stays the same (only of known
+        tasks: the names of unknown ones are the callers' to choose, without bound)."""
+        if task is None:
+            return self._unknown_task_options
+        known = self._task_options.get(name)
+        if known is None or known[0] is not task:
+            known = self._task_options[name] = (task, JobOptions.of(task, self._defaults))
+        return known[1]
 
     # readers ---------------------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ from dataloader.core.models import (
     DEFAULT_LEASE_TTL_SEC,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
+    FILLED_OPTIONS,
     JobDefaults,
+    JobOptions,
     NewJob,
 )
 from dataloader.exceptions import InvalidJob
@@ -185,107 +187,54 @@ def test_the_defaults_are_the_specs() -> None:
     assert (DEFAULT_PRIORITY, DEFAULT_MAX_ATTEMPTS, DEFAULT_LEASE_TTL_SEC) == (100, 5, 60)
 
 
+def filled(job: NewJob, of_task: Task | None) -> tuple[Any, ...]:
+    """The job's queue, priority, max_attempts and lease_ttl_sec as they are inserted."""
+    options = JobOptions.of(of_task, DEFAULTS)
+    job.check_queue(options)
+    return tuple(options.fill(job, name) for name in FILLED_OPTIONS)
+
+
 def test_the_jobs_own_values_win_over_the_tasks_and_the_defaults() -> None:
     job = new_job(queue="mine", priority=1, max_attempts=2, lease_ttl_sec=3)
     of_task = task(queue="its", priority=10, max_attempts=20, lease_ttl_sec=30)
-    resolved = job.resolved(of_task, DEFAULTS)
-    assert (resolved.queue, resolved.priority, resolved.max_attempts, resolved.lease_ttl_sec) == (
-        "mine",
-        1,
-        2,
-        3,
-    )
+    assert filled(job, of_task) == ("mine", 1, 2, 3)
 
 
 def test_the_tasks_values_win_over_the_defaults() -> None:
     of_task = task(queue="its", priority=10, max_attempts=20, lease_ttl_sec=300)
-    resolved = new_job().resolved(of_task, DEFAULTS)
-    assert (resolved.queue, resolved.priority, resolved.max_attempts, resolved.lease_ttl_sec) == (
-        "its",
-        10,
-        20,
-        300,
-    )
+    assert filled(new_job(), of_task) == ("its", 10, 20, 300)
 
 
 def test_the_defaults_fill_what_neither_job_nor_task_gives() -> None:
-    resolved = new_job(priority=7).resolved(task(queue="its", max_attempts=9), DEFAULTS)
-    assert (resolved.queue, resolved.priority, resolved.max_attempts, resolved.lease_ttl_sec) == (
-        "its",
-        7,
-        9,
-        30,
-    )
-    assert resolved.is_resolved
+    assert filled(new_job(priority=7), task(queue="its", max_attempts=9)) == ("its", 7, 9, 30)
 
 
 def test_without_a_task_the_defaults_fill_the_options() -> None:
-    resolved = new_job(queue="q").resolved(None, DEFAULTS)
-    assert (resolved.priority, resolved.max_attempts, resolved.lease_ttl_sec) == (50, 4, 30)
+    assert filled(new_job(queue="q"), None) == ("q", 50, 4, 30)
 
 
 def test_a_priority_of_zero_is_the_jobs_own_value_not_a_gap() -> None:
-    resolved = new_job(queue="q", priority=0).resolved(task(priority=9), DEFAULTS)
-    assert resolved.priority == 0
+    assert filled(new_job(queue="q", priority=0), task(priority=9))[1] == 0
 
 
 def test_a_job_without_a_queue_whose_task_names_none_is_refused() -> None:
     with pytest.raises(InvalidJob) as raised:
-        new_job().resolved(task(), DEFAULTS)
+        filled(new_job(), task())
     assert raised.value.field == "queue"
     assert raised.value.problem == "required: task 'etl.load' does not name its queue"
 
 
 def test_a_job_without_a_queue_or_a_task_is_refused() -> None:
     with pytest.raises(InvalidJob, match=r"^queue: required"):
-        new_job().resolved(None, DEFAULTS)
+        filled(new_job(), None)
 
 
-def test_a_job_resolved_already_is_returned_as_it_is() -> None:
-    job = new_job(queue="q", priority=1, max_attempts=2, lease_ttl_sec=3)
-    assert job.resolved(task(queue="other", priority=5), DEFAULTS) is job
+def test_a_job_with_every_option_is_resolved() -> None:
+    assert new_job(queue="q", priority=1, max_attempts=2, lease_ttl_sec=3).is_resolved
+    assert not new_job(queue="q", priority=1, max_attempts=2).is_resolved
 
 
-def test_resolving_leaves_the_original_job_unchanged() -> None:
-    job = new_job(queue="q")
-    job.resolved(None, DEFAULTS)
-    assert (job.priority, job.max_attempts, job.lease_ttl_sec) == (None, None, None)
-
-
-def test_the_resolved_copy_equals_a_freshly_built_job() -> None:
-    job = new_job(
-        args={"day": "2024-01-01"},
-        idempotency_key="day-1",
-        partition_key="p",
-        available_at=NOON,
-        producer="cron",
-        consumer_group="g",
-        rerun=True,
-    )
-    resolved = job.resolved(task(queue="its", priority=10), DEFAULTS)
-    fresh = NewJob(
-        **{
-            f.name: getattr(job, f.name)
-            for f in dataclasses.fields(NewJob)
-            if f.init and f.name not in {"queue", "priority", "max_attempts", "lease_ttl_sec"}
-        },
-        queue="its",
-        priority=10,
-        max_attempts=4,
-        lease_ttl_sec=30,
-    )
-    assert resolved == fresh
-    assert resolved.args_json == fresh.args_json
-    assert resolved.delay_sec == fresh.delay_sec
-
-
-def test_the_resolved_copy_keeps_the_delay() -> None:
-    resolved = new_job(queue="q", delay=timedelta(seconds=9)).resolved(None, DEFAULTS)
-    assert resolved.delay_sec == 9
-
-
-def test_the_copy_is_not_checked_again() -> None:
+def test_the_tasks_values_are_not_checked_again() -> None:
     # the task's and the settings' values were checked when they were made; a value that
     # slipped past (a Task built by hand) is taken as it is, not refused here
-    resolved = new_job().resolved(task(queue="q", priority=-5), DEFAULTS)
-    assert resolved.priority == -5
+    assert filled(new_job(), task(queue="q", priority=-5))[1] == -5

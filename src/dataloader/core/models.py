@@ -4,7 +4,7 @@ its journal. No I/O.
 The same rules apply whoever enqueues (HTTP, library, CLI): every field is checked against
 `dataloader.core.limits` when a `NewJob` is built, and options left out are filled, in this
 order, from the task's definition (`@dataloader.task(queue=…, max_attempts=…)`) and from the
-settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `NewJob.resolved`.
+settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `JobOptions`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class NewJob:
 
     Checked when built: a field out of bounds raises `InvalidJob` naming it, before anything
     is sent. `queue`, `priority`, `max_attempts` and `lease_ttl_sec` may be left None: they
-    come from the task's definition or the settings (`resolved`).
+    come from the task's definition or the settings (`JobOptions`), filled when it is
+    inserted.
     """
 
     task: str
@@ -125,21 +126,6 @@ class NewJob:
                 )
         if self.rerun and self.idempotency_key is None:
             raise InvalidJob("rerun", "re-running on update needs an idempotency_key")
-
-    def resolved(self, task: Task | None, defaults: JobDefaults) -> NewJob:
-        """This job with every option filled: its own value, else the task's, else the
-        settings'. A job without a queue whose task names none is refused."""
-        options = JobOptions.of(task, defaults)
-        self.check_queue(options)
-        filled = {name: options.fill(self, name) for name in FILLED_OPTIONS}
-        if all(getattr(self, name) == value for name, value in filled.items()):
-            return self
-        # a copy without checking every field again: the filled values are checked already
-        # (the task's when it was defined, the settings' when they were read)
-        copy = object.__new__(NewJob)
-        for name in self.__slots__:
-            object.__setattr__(copy, name, filled.get(name, getattr(self, name)))
-        return copy
 
     def check_queue(self, options: JobOptions) -> None:
         """InvalidJob unless the job, or its task, names a queue."""

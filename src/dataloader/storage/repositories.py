@@ -61,10 +61,10 @@ class JobRepository:
         #: Who the journal says acted (`by`).
         self.actor = actor
 
-    async def enqueue(self, job: NewJob) -> EnqueueResult:
-        """Insert a resolved `job` (see `enqueue`)."""
+    async def enqueue(self, job: NewJob, options: JobOptions | None = None) -> EnqueueResult:
+        """Insert `job` (see `enqueue`)."""
         async with self.connections.connection() as conn:
-            return await enqueue(conn, job, actor=self.actor)
+            return await enqueue(conn, job, actor=self.actor, options=options)
 
     async def enqueue_many(
         self, jobs: Sequence[NewJob], options: Mapping[str, JobOptions] | None = None
@@ -190,24 +190,32 @@ async def _write(
     return found is not None and found.state == "written"
 
 
-async def enqueue(conn: AnyConnection, job: NewJob, *, actor: str = "client") -> EnqueueResult:
-    """Insert a resolved `job` on `conn` (usable inside the caller's own transaction), or
-    return the job that already holds its idempotency key if that job is the same (see
+async def enqueue(
+    conn: AnyConnection,
+    job: NewJob,
+    *,
+    actor: str = "client",
+    options: JobOptions | None = None,
+) -> EnqueueResult:
+    """Insert `job` on `conn` (usable inside the caller's own transaction), or return the job
+    that already holds its idempotency key if that job is the same (see
     `queries.JOBS_BY_IDEMPOTENCY`), or, with `job.rerun`, ask that job to run again; raise
-    `IdempotencyConflict` if it is another job."""
+    `IdempotencyConflict` if it is another job. Options the job leaves out come from
+    `options` (its task's), else the spec's defaults."""
+    columns = {name: getattr(job, name) for name in _SINGLE_COLUMNS}
     if not job.is_resolved:
-        job = job.resolved(None, JobDefaults())
+        filled = options if options is not None else _SPEC_OPTIONS
+        job.check_queue(filled)
+        for name in FILLED_OPTIONS:
+            columns[name] = filled.fill(job, name)
     while True:
-        row = await conn.fetchrow(
-            *queries.INSERT_JOB.bind(
-                **{name: getattr(job, name) for name in _SINGLE_COLUMNS}, args=job.args_json
-            )
-        )
+        row = await conn.fetchrow(*queries.INSERT_JOB.bind(**columns, args=job.args_json))
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
         # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
         # waited for it), and a new statement sees it. If it vanished meanwhile, insert again.
-        existing = await _holders(conn, [job], actor)
+        by_task = None if options is None else {job.task: options}
+        existing = await _holders(conn, [job], actor, by_task)
         if job.idempotency_key in existing:
             return existing[job.idempotency_key]
 
