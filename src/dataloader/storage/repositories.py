@@ -335,12 +335,16 @@ def _arrays(
     the spec's defaults. InvalidJob for a job that ends up without a queue."""
     arrays = {name: [getattr(j, name) for j in jobs] for name in _COLUMNS}
     arrays["args"] = [j.args_json for j in jobs]
-    if all(j.is_resolved for j in jobs):
+    gaps = [name for name in FILLED_OPTIONS if None in arrays[name]]
+    if not gaps:
         return arrays
     of_task = options or {}
     per_job = [of_task.get(j.task, _SPEC_OPTIONS) for j in jobs]
-    for name in FILLED_OPTIONS:
-        arrays[name] = [o.fill(j, name) for j, o in zip(jobs, per_job, strict=True)]
+    for name in gaps:  # each job's own value, else its task's option
+        arrays[name] = [
+            own if own is not None else getattr(o, name)
+            for own, o in zip(arrays[name], per_job, strict=True)
+        ]
     for job, queue in zip(jobs, arrays["queue"], strict=True):
         if queue is None:
             job.check_queue(_SPEC_OPTIONS)
