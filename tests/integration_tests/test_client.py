@@ -345,15 +345,22 @@ async def test_available_at_is_an_instant_or_a_delay_on_the_database_clock(
     delayed = await client.enqueue(
         "t.any", queue="q", lock_key="k2", available_at=timedelta(hours=1, seconds=30)
     )
-    [bulk] = await client.enqueue_many(
-        [client.job("t.any", queue="q", lock_key="k3", available_at=timedelta(minutes=5))]
+    # in a batch, each job keeps its own delay (or none)
+    delays = [None, timedelta(minutes=5), None, timedelta(minutes=2)]
+    bulk = await client.enqueue_many(
+        [
+            client.job("t.any", queue="q", lock_key=f"b{i}", available_at=delay)
+            for i, delay in enumerate(delays)
+        ]
     )
     assert (await job_row(conn, fixed.job_id))["available_at"] == at
     # created_at is the database's now() of the same statement: the delay counts from it
     row = await job_row(conn, delayed.job_id)
     assert row["available_at"] - row["created_at"] == timedelta(hours=1, seconds=30)
-    row = await job_row(conn, bulk.job_id)
-    assert row["available_at"] - row["created_at"] == timedelta(minutes=5)
+    rows = [await job_row(conn, job.job_id) for job in bulk]
+    assert [r["available_at"] - r["created_at"] for r in rows] == [
+        timedelta(0) if delay is None else delay for delay in delays
+    ]
 
 
 @pytest.mark.parametrize(

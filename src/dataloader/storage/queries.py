@@ -51,7 +51,8 @@ SELECT job_id, status::text AS status FROM ins
 #: Insert many jobs in one statement (arrays, one element per job; `job_ids` chosen by the
 #: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped,
 #: and so are repeats of a key within the batch (its first occurrence is inserted); the
-#: inserted ids come back. Journals `queued` for each inserted job.
+#: inserted ids come back. Journals `queued` for each inserted job. `delay_sec` is read by
+#: position, and may be empty when no job has a delay (it then costs nothing per job).
 INSERT_JOBS: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
@@ -59,16 +60,16 @@ WITH ins AS (
                          consumer_group)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key, t.lock_key,
            t.partition_key, t.priority,
-           COALESCE(t.available_at, now() + make_interval(secs => COALESCE(t.delay_sec, 0))),
+           COALESCE(t.available_at,
+                    now() + make_interval(secs => COALESCE((:delay_sec::float8[])[t.n::int], 0))),
            t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
                 :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
-                :priority::int[], :available_at::timestamptz[], :delay_sec::float8[],
-                :max_attempts::int[], :lease_ttl_sec::int[], :producer::text[],
-                :consumer_group::text[]) WITH ORDINALITY
+                :priority::int[], :available_at::timestamptz[], :max_attempts::int[],
+                :lease_ttl_sec::int[], :producer::text[], :consumer_group::text[])
+         WITH ORDINALITY
          AS t(job_id, queue, task, args, idempotency_key, lock_key, partition_key, priority,
-              available_at, delay_sec, max_attempts, lease_ttl_sec, producer, consumer_group,
-              n)
+              available_at, max_attempts, lease_ttl_sec, producer, consumer_group, n)
     -- one key order for every batch: no deadlock between batches; rows are inserted in this
     -- order, so of a key repeated in the batch the first occurrence is the one inserted
     ORDER BY t.idempotency_key, t.n

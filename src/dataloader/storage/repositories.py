@@ -335,6 +335,8 @@ def _arrays(
     the spec's defaults. InvalidJob for a job that ends up without a queue."""
     arrays = {name: [getattr(j, name) for j in jobs] for name in _COLUMNS}
     arrays["args"] = [j.args_json for j in jobs]
+    if not any(arrays["delay_sec"]):  # a delay of 0 is none: now
+        arrays["delay_sec"] = []
     gaps = [name for name in FILLED_OPTIONS if None in arrays[name]]
     if not gaps:
         return arrays
