@@ -188,6 +188,20 @@ async def test_wait_returns_the_final_state_when_a_worker_finishes_the_job(
     assert await client.wait(job.job_id, timeout=5) == state
 
 
+async def test_waiting_for_a_ready_job_wakes_its_queue(
+    client: Client, conn: asyncpg.Connection
+) -> None:
+    """Recording a waiter locks the job's row for a moment, and a claim meanwhile skips it:
+    the job's queue is woken once the record is committed, or the job would wait for the
+    safety poll."""
+    job = await client.enqueue("t.any", queue=UNSERVED, lock_key="k")
+    woken: asyncio.Queue[str] = asyncio.Queue()
+    await conn.add_listener("dl_jobs", lambda *args: woken.put_nowait(args[3]))
+    await client._repo.watch(job.job_id)
+    assert await asyncio.wait_for(woken.get(), timeout=10) == UNSERVED
+    assert await conn.fetchval("SELECT count(*) FROM dl_job_waiters") == 1
+
+
 async def test_an_end_nobody_waits_for_is_not_announced(
     client: Client, conn: asyncpg.Connection, runs: Runs
 ) -> None:

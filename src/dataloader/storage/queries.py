@@ -137,16 +137,19 @@ FROM dl_jobs WHERE job_id = :job_id
 #: outcome being written to the row (the caller then reads its end), and makes an outcome
 #: statement meanwhile skip the row (busy: written at its next try, which sees this waiter):
 #: no end slips between this statement and the read. It does not wait for a task's own FOR
-#: SHARE fence.
+#: SHARE fence. A claim meanwhile skips the row too: a ready job's queue is woken at commit.
 WATCH_JOB: Final = Statement("""
 WITH job AS (
-    SELECT job_id, status::text AS status FROM dl_jobs WHERE job_id = :job_id FOR SHARE
+    SELECT job_id, queue, status::text AS status, available_at <= now() AS ready
+    FROM dl_jobs WHERE job_id = :job_id FOR SHARE
 ), waiter AS (
     INSERT INTO dl_job_waiters (job_id)
     SELECT job_id FROM job WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'lost')
     ON CONFLICT (job_id) DO NOTHING
+), woken AS (
+    SELECT pg_notify('dl_jobs', queue) FROM job WHERE status = 'queued' AND ready
 )
-SELECT count(*) FROM job
+SELECT count(*) FROM job WHERE (SELECT count(*) FROM woken) >= 0
 """)
 
 #: A page of jobs, newest first, by keyset (`after_created`, `after_id`: the last job of the
