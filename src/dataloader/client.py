@@ -330,7 +330,6 @@ class Client:
         if state is not None:  # no need to listen for a job that has ended
             return state
         async with self._finished.watch(job_id) as woken:
-            await self._repo.watch(job_id)  # listening now: ask for its end to be announced
             while True:
                 woken.clear()  # before reading: an end announced after the read wakes us
                 state = await self._ended(job_id)

@@ -28,7 +28,6 @@ from dataloader import (
     JobStatus,
     NotRetryable,
 )
-from dataloader.client import FINISHED_CHANNEL
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.storage.db import create_pool
 from dataloader.storage.protocol import WorkerProtocol
@@ -138,10 +137,7 @@ async def until_waiting(client: Client, conn: asyncpg.Connection, waits: int) ->
     async def ready() -> list[int] | None:
         registered = sum(len(w) for w in client._finished._waiters.values())
         found = await listeners(conn)
-        # and each job's end is to be announced (recorded once the LISTEN is on)
-        recorded = await conn.fetchval("SELECT count(*) FROM dl_job_waiters")
-        jobs = len(client._finished._waiters)
-        return found if registered == waits and found and recorded == jobs else None
+        return found if registered == waits and found else None
 
     found = await wait_until(ready, what=f"{waits} waits on one listening connection")
     assert len(found) == 1, found
@@ -182,38 +178,8 @@ async def test_wait_returns_the_final_state_when_a_worker_finishes_the_job(
     assert state.checkpoint == {"resume_from": None, "page": 2}
     assert state.progress == {"stage": "started"}
     assert state == await client.get(job.job_id)
-    # its end was announced, and nothing is left to announce
-    assert await conn.fetchval("SELECT count(*) FROM dl_job_waiters") == 0
     # a job that has ended is returned at once, without listening
     assert await client.wait(job.job_id, timeout=5) == state
-
-
-async def test_waiting_for_a_ready_job_wakes_its_queue(
-    client: Client, conn: asyncpg.Connection
-) -> None:
-    """Recording a waiter locks the job's row for a moment, and a claim meanwhile skips it:
-    the job's queue is woken once the record is committed, or the job would wait for the
-    safety poll."""
-    job = await client.enqueue("t.any", queue=UNSERVED, lock_key="k")
-    woken: asyncio.Queue[str] = asyncio.Queue()
-    await conn.add_listener("dl_jobs", lambda *args: woken.put_nowait(args[3]))
-    await client._repo.watch(job.job_id)
-    assert await asyncio.wait_for(woken.get(), timeout=10) == UNSERVED
-    assert await conn.fetchval("SELECT count(*) FROM dl_job_waiters") == 1
-
-
-async def test_an_end_nobody_waits_for_is_not_announced(
-    client: Client, conn: asyncpg.Connection, runs: Runs
-) -> None:
-    """PostgreSQL wakes every listening session for each notification, whatever its channel:
-    ends nobody waits for are not announced."""
-    heard: asyncio.Queue[str] = asyncio.Queue()
-    await conn.add_listener(FINISHED_CHANNEL, lambda *args: heard.put_nowait(args[3]))
-    job = await client.enqueue("t.work", {"value": 1}, lock_key="k")
-    await until_status(client, job.job_id, JobStatus.SUCCEEDED)
-    # notifications arrive in commit order: a sentinel sent after the end comes first
-    await conn.execute(f"NOTIFY {FINISHED_CHANNEL}, 'sentinel'")
-    assert await asyncio.wait_for(heard.get(), timeout=10) == "sentinel"
 
 
 async def test_concurrent_waits_share_one_listening_connection_and_give_it_back(

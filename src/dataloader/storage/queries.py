@@ -131,27 +131,6 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
 FROM dl_jobs WHERE job_id = :job_id
 """)
 
-#: A client is about to wait for the job to end (Client.wait, LISTENing on `dl_job_finished`
-#: already): record it, unless the job has ended, so that its end is announced (see
-#: APPLY_TRANSITIONS); the caller reads the job next. FOR SHARE waits for a claim or an
-#: outcome being written to the row (the caller then reads its end), and makes an outcome
-#: statement meanwhile skip the row (busy: written at its next try, which sees this waiter):
-#: no end slips between this statement and the read. It does not wait for a task's own FOR
-#: SHARE fence. A claim meanwhile skips the row too: a ready job's queue is woken at commit.
-WATCH_JOB: Final = Statement("""
-WITH job AS (
-    SELECT job_id, queue, status::text AS status, available_at <= now() AS ready
-    FROM dl_jobs WHERE job_id = :job_id FOR SHARE
-), waiter AS (
-    INSERT INTO dl_job_waiters (job_id)
-    SELECT job_id FROM job WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'lost')
-    ON CONFLICT (job_id) DO NOTHING
-), woken AS (
-    SELECT pg_notify('dl_jobs', queue) FROM job WHERE status = 'queued' AND ready
-)
-SELECT count(*) FROM job WHERE (SELECT count(*) FROM woken) >= 0
-""")
-
 #: A page of jobs, newest first, by keyset (`after_created`, `after_id`: the last job of the
 #: previous page); each filter applies when given (not NULL). The caller asks for one row
 #: more than it shows, to learn whether another page follows.
@@ -488,15 +467,12 @@ WITH u AS (
                              ELSE '{}'::jsonb END
            END
     FROM upd
-), awaited AS (
-    -- the ended jobs a client waits for (WATCH_JOB); nobody else is told
-    DELETE FROM dl_job_waiters w USING upd
-    WHERE w.job_id = upd.job_id AND upd.status IN ('succeeded', 'failed', 'canceled', 'lost')
-    RETURNING w.job_id
 ), announced AS (
-    -- one notification per 200 jobs (a payload holds at most 8,000 bytes), sent at commit
+    -- whoever waits for these jobs (Client.wait) learns that they ended: one notification per
+    -- 200 jobs (a payload holds at most 8,000 bytes), sent at commit
     SELECT pg_notify('dl_job_finished', string_agg(job_id::text, ','))
-    FROM (SELECT job_id, (row_number() OVER ()) / 200 AS chunk FROM awaited) AS ended
+    FROM (SELECT job_id, (row_number() OVER ()) / 200 AS chunk FROM upd
+          WHERE status IN ('succeeded', 'failed', 'canceled', 'lost')) AS ended
     GROUP BY chunk
 ), woken AS (
     SELECT u.job_id,

@@ -79,11 +79,6 @@ class JobRepository:
             row = await conn.fetchrow(*queries.JOB_STATUS.bind(job_id=job_id))
         return None if row is None else job_state(row)
 
-    async def watch(self, job_id: uuid.UUID) -> None:
-        """Record that a client waits for the job to end (see `queries.WATCH_JOB`)."""
-        async with self.connections.connection() as conn:
-            await conn.execute(*queries.WATCH_JOB.bind(job_id=job_id))
-
     async def list(
         self,
         *,
