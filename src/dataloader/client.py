@@ -46,7 +46,14 @@ from dataloader.storage.connections import (
     caller_connection,
 )
 from dataloader.storage.migrate import load_migrations
-from dataloader.storage.repositories import JobPage, JobRepository, enqueue, enqueue_many
+from dataloader.storage.repositories import (
+    JobPage,
+    JobRepository,
+    enqueue,
+    enqueue_many,
+    listen_for_ended_jobs,
+    stop_listening_for_ended_jobs,
+)
 from dataloader.workers.pipelines.registry import Task, TaskRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
@@ -61,7 +68,6 @@ log = logging.getLogger(__name__)
 
 #: Channel on which the database announces that jobs ended (payload: their ids, comma-separated;
 #: `queries.APPLY_TRANSITIONS` sends it with every transition to a final status).
-FINISHED_CHANNEL: Final = "dl_job_finished"
 #: A waiter reads its job again at least this often, whatever it hears: a notification can be
 #: missed while the listening connection is replaced.
 WAIT_RECHECK_SEC: Final = 30.0
@@ -502,7 +508,7 @@ class _FinishedJobs:
             # removed below: a pool keeps a connection's termination listeners across uses
             conn.add_termination_listener(on_lost)
             try:
-                await conn.add_listener(FINISHED_CHANNEL, self._notified)
+                await listen_for_ended_jobs(conn, self._notified)
                 try:
                     self._listening.set()
                     self._wake_all()  # anything may have ended while nobody listened
@@ -511,12 +517,12 @@ class _FinishedJobs:
                     if not self.closed:  # closing keeps it set: no wait may block on it
                         self._listening.clear()
                     if not conn.is_closed():
-                        await conn.remove_listener(FINISHED_CHANNEL, self._notified)
+                        await stop_listening_for_ended_jobs(conn, self._notified)
             finally:
                 conn.remove_termination_listener(on_lost)
 
-    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        for text in payload.split(","):
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        for text in str(payload).split(","):
             try:
                 job_id = uuid.UUID(text)
             except ValueError:

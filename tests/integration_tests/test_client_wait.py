@@ -271,6 +271,37 @@ async def test_a_job_ending_while_nobody_listens_is_not_missed(
     assert state.status == JobStatus.SUCCEEDED
 
 
+async def test_ends_are_announced_only_while_a_client_listens(
+    client: Client, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Each notification wakes every listening session of the database, workers' included:
+    nothing is announced while no client waits. Notifications arrive in commit order, so an
+    announcement of the first end would arrive before that of the second."""
+    heard: list[str] = []
+    eavesdropper = await asyncpg.connect(db_dsn)  # listens, but is not a client
+    try:
+        await eavesdropper.add_listener(
+            "dl_job_finished", lambda _c, _p, _ch, payload: heard.append(payload)
+        )
+        await eavesdropper.execute("SELECT 1")  # not counted among listeners (`listeners`)
+        unheard = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="a")
+        await client.cancel(unheard.job_id)
+        awaited = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="b")
+        waiting = asyncio.create_task(client.wait(awaited.job_id, timeout=60))
+        await until_waiting(client, conn, 1)
+        await client.cancel(awaited.job_id)
+        assert (await waiting).status == JobStatus.CANCELED
+
+        async def announced() -> bool:
+            await eavesdropper.execute("SELECT 1")  # notifications come before its answer
+            return bool(heard)
+
+        await wait_until(announced, what="the awaited end to be announced")
+        assert heard == [str(awaited.job_id)]
+    finally:
+        await eavesdropper.close()
+
+
 async def test_close_ends_pending_waits_and_leaves_no_task_nor_listener(
     client: Client, conn: asyncpg.Connection
 ) -> None:

@@ -467,12 +467,21 @@ WITH u AS (
                              ELSE '{}'::jsonb END
            END
     FROM upd
+), listened AS (
+    -- whether a client listens for ended jobs: each listening session holds this key
+    -- shared (LISTENER_LOCK), so this exclusive try fails. Taken, it is held until commit:
+    -- a client starting to listen meanwhile reads its jobs only once these are written.
+    SELECT NOT pg_try_advisory_xact_lock(1684828011, 2) AS anyone
 ), announced AS (
     -- whoever waits for these jobs (Client.wait) learns that they ended: one notification per
-    -- 200 jobs (a payload holds at most 8,000 bytes), sent at commit
+    -- 200 jobs (a payload holds at most 8,000 bytes), sent at commit, and only when a client
+    -- listens (the server wakes every listening session of the database, workers' included,
+    -- for each notification, whatever its channel)
     SELECT pg_notify('dl_job_finished', string_agg(job_id::text, ','))
     FROM (SELECT job_id, (row_number() OVER ()) / 200 AS chunk FROM upd
-          WHERE status IN ('succeeded', 'failed', 'canceled', 'lost')) AS ended
+          WHERE status IN ('succeeded', 'failed', 'canceled', 'lost')) AS ended,
+         listened
+    WHERE listened.anyone
     GROUP BY chunk
 ), woken AS (
     SELECT u.job_id,
@@ -634,6 +643,17 @@ ORDER BY q.queue
 #: number of dataloader's own internal locks (0x646c6f6b, "dlok" in ASCII), then the lock's.
 MIGRATION_LOCK: Final = "SELECT pg_advisory_lock(1684828011, 1)"
 MIGRATION_UNLOCK: Final = "SELECT pg_advisory_unlock(1684828011, 1)"
+
+# --- listening for ended jobs --------------------------------------------------------------
+
+#: Held, shared, by every session that LISTENs on `dl_job_finished` (a client's waits), from
+#: before its LISTEN until after its UNLISTEN: APPLY_TRANSITIONS announces ended jobs only
+#: while someone holds it (its exclusive try fails). Same key space as MIGRATION_LOCK.
+#: Where APPLY_TRANSITIONS announces ended jobs (their ids, comma-separated).
+FINISHED_CHANNEL: Final = "dl_job_finished"
+
+LISTENER_LOCK: Final = "SELECT pg_advisory_lock_shared(1684828011, 2)"
+LISTENER_UNLOCK: Final = "SELECT pg_advisory_unlock_shared(1684828011, 2)"
 
 CREATE_MIGRATIONS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS dl_schema_migrations (

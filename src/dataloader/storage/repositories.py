@@ -13,7 +13,7 @@ import asyncio
 import builtins
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,7 +36,7 @@ from dataloader.core.transitions import JobFacts, Request, Transition
 from dataloader.exceptions import IdempotencyConflict, JobNotFound
 from dataloader.storage import queries
 from dataloader.storage.connections import Connections
-from dataloader.storage.db import AnyConnection
+from dataloader.storage.db import AnyConnection, Connection
 from dataloader.storage.transitions import Fence, apply_transitions, facts_of
 
 #: Tries of a cancel, retry or re-run whose job changes under it (a worker finishing it now).
@@ -188,6 +188,24 @@ async def _write(
     if found is not None and found.state == "busy":
         await asyncio.sleep(BUSY_PAUSE_SEC)  # a claim or an outcome holds the row: briefly
     return found is not None and found.state == "written"
+
+
+#: What asyncpg calls with a notification: connection, sender's pid, channel, payload.
+NotificationCallback = Callable[[Any, int, str, object], None]
+
+
+async def listen_for_ended_jobs(conn: Connection, callback: NotificationCallback) -> None:
+    """LISTEN for ended jobs on `conn`: `callback` gets their ids, comma-separated, in batches.
+    Ends are announced only while some session listens, so a caller reads the jobs it waits
+    for after this returns (an end written just before it is not announced to anyone)."""
+    await conn.execute(queries.LISTENER_LOCK)
+    await conn.add_listener(queries.FINISHED_CHANNEL, callback)
+
+
+async def stop_listening_for_ended_jobs(conn: Connection, callback: NotificationCallback) -> None:
+    """Undo `listen_for_ended_jobs`, leaving `conn` fit to go back to its pool."""
+    await conn.remove_listener(queries.FINISHED_CHANNEL, callback)
+    await conn.execute(queries.LISTENER_UNLOCK)
 
 
 async def enqueue(
