@@ -4,12 +4,14 @@ and the current one's) must not be confused."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import asyncpg
 
 from dataloader.base import JobStatus
 from dataloader.core.transitions import Ended, Outcome
+from dataloader.logger.context_vars import current_context
 from dataloader.workers.runtime import RunningJob
 
 from .conftest import Service, StartService
@@ -228,3 +230,48 @@ async def test_outcomes_of_every_kind_in_one_flush_are_each_written_as_decided(
     handed_back = next(job.job_id for job in claimed if job.lock_key == "handed-back")
     (requeue,) = await event_payloads(conn, str(handed_back), "requeue")
     assert (requeue["reason"], requeue["refunded"]) == ("stopping", True)
+
+
+class ContextRecorder(logging.Handler):
+    """Records each line's level, message and the log context it was written in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[int, str, dict[str, str]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, record.getMessage(), current_context()))
+
+
+async def test_each_written_outcome_is_logged_in_its_jobs_context(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service = await start_service()
+    runtime, completer = service.manager.runtime, service.manager.completer
+    good = await service.dl.enqueue("t.good", lock_key="g", queue=MANUAL)
+    bad = await service.dl.enqueue("t.bad", lock_key="b", queue=MANUAL)
+    claims = await runtime.protocol.claim(MANUAL, 2, runtime.worker_id)
+    outcomes = {
+        good.job_id: success(1),
+        bad.job_id: Outcome(Ended.FAILED, "boom", retryable=False, duration_ms=1),
+    }
+    recorder = ContextRecorder()
+    logger = logging.getLogger("dataloader.workers.completer")
+    level = logger.level
+    logger.addHandler(recorder)
+    logger.setLevel(logging.INFO)
+    try:
+        for claim in claims:
+            await completer.finish(running(service, RunningJob(claim)), outcomes[claim.job_id])
+        await completer.wait_flushed()
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(level)
+
+    def context(job_id: uuid.UUID, task: str) -> dict[str, str]:
+        return {"job_id": str(job_id), "queue": MANUAL, "task": task}
+
+    assert sorted(recorder.lines) == [
+        (logging.INFO, "job succeeded", context(good.job_id, "t.good")),
+        (logging.WARNING, "job attempt failed (failed): boom", context(bad.job_id, "t.bad")),
+    ]

@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
@@ -254,19 +255,11 @@ class Completer:
             self.failed_writes = 0
         job, outcome = pending.running.job, pending.outcome
         self._forget(pending)
+        level, message, *args = _report(outcome, written)
+        if not collision and not log.isEnabledFor(level):
+            return  # binding the job's log context costs more than the rest of this
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-            if written is None:
-                log.warning("job %s but was no longer ours", outcome.ended.value)
-            elif outcome.ended is Ended.SUCCEEDED:
-                log.info("job succeeded")
-            elif outcome.ended is Ended.FAILED:
-                log.warning("job attempt failed (%s): %s", written.journal, outcome.error)
-            elif outcome.ended is Ended.HANDED_BACK:
-                log.warning("job handed back (%s): %s", written.journal, outcome.error)
-            elif outcome.ended is Ended.CANCELED:
-                log.info("job canceled")
-            else:
-                log.info("job backed off (%s holds the key)", outcome.holder)
+            log.log(level, message, *args)
             if collision:
                 log.warning(
                     "lock_key %r shares its hashtext with the lock_key of a job that waited"
@@ -315,6 +308,21 @@ class Completer:
         job_id = pending.running.job.job_id
         if self._rt.running.get(job_id) is pending.running:
             del self._rt.running[job_id]
+
+
+def _report(outcome: Outcome, written: Transition | None) -> tuple[Any, ...]:
+    """The log line of a written outcome: its level, message and arguments."""
+    if written is None:
+        return logging.WARNING, "job %s but was no longer ours", outcome.ended.value
+    if outcome.ended is Ended.SUCCEEDED:
+        return logging.INFO, "job succeeded"
+    if outcome.ended is Ended.FAILED:
+        return logging.WARNING, "job attempt failed (%s): %s", written.journal, outcome.error
+    if outcome.ended is Ended.HANDED_BACK:
+        return logging.WARNING, "job handed back (%s): %s", written.journal, outcome.error
+    if outcome.ended is Ended.CANCELED:
+        return logging.INFO, "job canceled"
+    return logging.INFO, "job backed off (%s holds the key)", outcome.holder
 
 
 def _one_per_job(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
