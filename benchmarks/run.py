@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -263,6 +263,109 @@ async def backlog(b: Bench) -> dict[str, Any]:
         "jobs_per_s_1m": large,
         "ratio": large / small,
     }
+
+
+async def _running_key(b: Bench, n: int) -> None:
+    """One job of lock_key `hot` runs (a lease of an hour, held by nobody here) and `n` more of
+    that key, older than every plain job, wait for it."""
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, started_at,"
+        " heartbeat_at, lease_expires_at, claim_token)"
+        " VALUES (gen_random_uuid(), $1, 'noop', 'hot', 'running', 1, now(), now(),"
+        " now() + interval '1 hour', gen_random_uuid())",
+        QUEUE,
+    )
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, created_at)"
+        " SELECT gen_random_uuid(), $1, 'noop', 'hot', now() - interval '1 day'"
+        " + i * interval '1 ms' FROM generate_series(1, $2) AS i",
+        QUEUE,
+        n,
+    )
+
+
+async def _delayed_ahead(b: Bench, n: int) -> None:
+    """`n` jobs due tomorrow at priority 0, ahead of the plain jobs (priority 100), enqueued
+    through the client as users do."""
+    async with Runner(b.settings(), run_workers=False) as dl:
+        for start in range(0, n, 1000):
+            await dl.client.enqueue_many(
+                [
+                    NewJob(
+                        queue=QUEUE,
+                        task="noop",
+                        lock_key=f"later-{i}",
+                        priority=0,
+                        delay=timedelta(days=1),
+                    )
+                    for i in range(start, min(n, start + 1000))
+                ]
+            )
+
+
+async def _delayed_ahead_in_sql(b: Bench, n: int) -> None:
+    """The same rows written in plain SQL, as another program would: no claim has met them."""
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, priority, available_at)"
+        " SELECT gen_random_uuid(), $1, 'noop', 'later-' || i, 0, now() + interval '1 day'"
+        " FROM generate_series(1, $2) AS i",
+        QUEUE,
+        n,
+    )
+
+
+async def _nothing(b: Bench, n: int) -> None:
+    return None
+
+
+#: Rows that cannot run, set up ahead of the plain jobs in claim order (see `blocked`).
+BLOCKERS: dict[str, Callable[[Bench, int], Awaitable[None]]] = {
+    "plain": _nothing,
+    "running_key": _running_key,
+    "delayed_ahead": _delayed_ahead,
+    "delayed_ahead_sql": _delayed_ahead_in_sql,
+}
+
+
+async def _drain_behind(
+    b: Bench, setup: Callable[[Bench, int], Awaitable[None]], blocked: int, plain: int
+) -> float:
+    """jobs/s of draining `plain` ready jobs (distinct lock keys) behind `blocked` rows that
+    cannot run, set up by `setup`."""
+    await b.fresh_database()
+    await setup(b, blocked)
+    await b.sql("VACUUM ANALYZE dl_jobs")
+    await b.bulk_insert(plain)
+    handled = 0
+    done = asyncio.Event()
+    registry = PipelineRegistry()
+
+    @registry.register("noop")
+    async def count(ctx: JobContext[dict[str, Any]]) -> None:
+        nonlocal handled
+        handled += 1
+        if handled == plain:
+            done.set()
+
+    started = time.perf_counter()
+    async with Runner(b.settings(10), registry):
+        await asyncio.wait_for(done.wait(), timeout=600)
+        elapsed = time.perf_counter() - started
+    return plain / elapsed
+
+
+@phase("blocked")
+async def blocked(b: Bench) -> dict[str, Any]:
+    """The drain of ready jobs behind rows that cannot run: a running lock_key's queue, a
+    calendar of delayed jobs. Each shape against the plain drain, measured alike."""
+    plain, blocked = b.n(20000), b.n(50000)
+    rates = {name: await _drain_behind(b, how, blocked, plain) for name, how in BLOCKERS.items()}
+    result: dict[str, Any] = {"jobs": plain, "blocked_rows": blocked}
+    for name, rate in rates.items():
+        result[f"{name}_jobs_per_s"] = rate
+        if name != "plain":
+            result[f"{name}_ratio"] = rate / rates["plain"]
+    return result
 
 
 async def _http_load(port: int, requests: int, clients: int) -> list[float]:

@@ -72,7 +72,7 @@ async def test_empty_database_gets_every_migration(empty_conn: db.Connection) ->
     assert report.adopted == []
     assert report.current == VERSIONS[-1]
     assert await recorded(empty_conn) == [(m.version, m.name, False) for m in MIGRATIONS]
-    for name in (*SPEC_TABLES, "ix_dl_jobs_claim", "ix_dl_jobs_claim_order"):
+    for name in (*SPEC_TABLES, "ix_dl_jobs_claim", "ix_dl_jobs_claim_ready"):
         assert await empty_conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name), name
     assert (await empty_conn.fetchrow(ADVISORY_LOCKS))["held"] == 0  # migration lock released
 
@@ -147,6 +147,20 @@ async def test_adopts_a_database_with_the_spec_ddl_applied_by_hand(
 
     again = await migrate(empty_conn)
     assert (again.applied, again.adopted) == ([], [])
+
+
+async def test_jobs_delayed_before_the_upgrade_are_parked_by_it(
+    empty_conn: db.Connection,
+) -> None:
+    await empty_conn.execute(SPEC_DDL)
+    await empty_conn.execute(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at) VALUES"
+        " (gen_random_uuid(), 'q', 't', 'now', now()),"
+        " (gen_random_uuid(), 'q', 't', 'later', now() + interval '1 day')"
+    )
+    await migrate(empty_conn)
+    rows = await empty_conn.fetch("SELECT lock_key, parked FROM dl_jobs ORDER BY lock_key")
+    assert [tuple(r.values()) for r in rows] == [("later", "delayed"), ("now", None)]
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,9 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
-    claim = queries.CLAIM_JOBS.bind(queue="q", limit=10, worker_id="w", claim_seed=uuid.uuid4())
+    claim = queries.CLAIM_JOBS.bind(
+        queue="q", limit=10, walk=10, worker_id="w", claim_seed=uuid.uuid4()
+    )
     plan = await plan_of(stale_conn, *claim)
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asyncpg import Record
+
 from dataloader.base import JobStatus
 from dataloader.core.transitions import JobFacts, Transition
 from dataloader.storage import queries
@@ -64,6 +66,16 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """What one claim did: the jobs it claimed, how many jobs it parked (they could not run:
+    not due, or their lock_key busy) and how many delayed jobs it put back (come due)."""
+
+    jobs: list[ClaimedJob]
+    parked: int
+    put_back: int
+
+
+@dataclass(frozen=True, slots=True)
 class Beat:
     """What a heartbeat learnt of one job that is still ours."""
 
@@ -90,11 +102,28 @@ class WorkerProtocol:
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
+        return (await self.claim_round(queue, limit, worker_id, walk=limit)).jobs
+
+    async def claim_round(self, queue: str, limit: int, worker_id: str, walk: int) -> ClaimRound:
+        """Claim up to `limit` ready jobs of `queue`, at most one per lock_key, out of the first
+        `walk` (≥ `limit`) jobs of its claim order; park those that cannot run now and put back
+        delayed jobs that have come due (see `queries.CLAIM_JOBS`)."""
         rows = await self.db.fetch(
             *queries.CLAIM_JOBS.bind(
-                queue=queue, limit=limit, worker_id=worker_id, claim_seed=uuid.uuid4()
+                queue=queue,
+                limit=limit,
+                walk=max(walk, limit),
+                worker_id=worker_id,
+                claim_seed=uuid.uuid4(),
             )
         )
+        counts = rows[0]
+        return ClaimRound(self._claimed(rows), counts["parked"], counts["put_back"])
+
+    @staticmethod
+    def _claimed(rows: list[Record]) -> list[ClaimedJob]:
+        if rows[0]["job_id"] is None:
+            return []
         return [
             ClaimedJob(
                 job_id=r["job_id"],
@@ -117,6 +146,12 @@ class WorkerProtocol:
             )
             for r in rows
         ]
+
+    async def put_back_stranded(self, limit: int) -> list[uuid.UUID]:
+        """Put back jobs parked behind a lock_key that no job holds any more (see
+        `queries.PUT_BACK_STRANDED`); the jobs put back."""
+        rows = await self.db.fetch(*queries.PUT_BACK_STRANDED.bind(limit=limit))
+        return [r["job_id"] for r in rows]
 
     async def next_due_in(self, queue: str) -> float | None:
         """Seconds until the queue's earliest delayed job is due, or None."""

@@ -34,11 +34,12 @@ INSERT_JOB: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
-                         consumer_group)
-    VALUES (gen_random_uuid(), :queue, :task, :args::text::jsonb, :idempotency_key, :lock_key,
-            :partition_key, :priority,
-            COALESCE(:available_at, now() + make_interval(secs => COALESCE(:delay_sec, 0))),
-            :max_attempts, :lease_ttl_sec, :producer, :consumer_group)
+                         consumer_group, parked)
+    SELECT gen_random_uuid(), :queue, :task, :args::text::jsonb, :idempotency_key, :lock_key,
+           :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
+           :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
+    FROM (SELECT COALESCE(:available_at, now() + make_interval(secs => COALESCE(:delay_sec, 0)))
+                 AS at) AS due
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (
@@ -57,12 +58,10 @@ INSERT_JOBS: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
-                         consumer_group)
+                         consumer_group, parked)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key, t.lock_key,
-           t.partition_key, t.priority,
-           COALESCE(t.available_at,
-                    now() + make_interval(secs => COALESCE((:delay_sec::float8[])[t.n::int], 0))),
-           t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group
+           t.partition_key, t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer,
+           t.consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
                 :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
                 :priority::int[], :available_at::timestamptz[], :max_attempts::int[],
@@ -70,6 +69,10 @@ WITH ins AS (
          WITH ORDINALITY
          AS t(job_id, queue, task, args, idempotency_key, lock_key, partition_key, priority,
               available_at, max_attempts, lease_ttl_sec, producer, consumer_group, n)
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(t.available_at, now() + make_interval(
+                   secs => COALESCE((:delay_sec::float8[])[t.n::int], 0))) AS at
+    ) AS due
     -- one key order for every batch: no deadlock between batches; rows are inserted in this
     -- order, so of a key repeated in the batch the first occurrence is the one inserted
     ORDER BY t.idempotency_key, t.n
@@ -232,32 +235,72 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 
 # --- workers: claim ----------------------------------------------------------------------------
 
-#: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched). Jobs whose lock_key hash is
-#: already running are skipped (they would only back off; keys that collide under hashtext wait
-#: in claim order like jobs of one key), and one job per hash is taken per batch. Each claim
-#: increments `claim_seq` and takes a new `claim_token`, the fence of every later write: the
-#: md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's number in
-#: the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid() cost ~13 µs a row
-#: here, a tenth of a claim of ten). Records the worker and journals `picked`. The checkpoint
-#: comes back as JSON text, whatever codec the connection has.
+#: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched), at most one per lock_key
+#: hash, from the first `walk` jobs of the claim's order (`walk` ≥ `limit`) that are not parked
+#: (migration 0009). Of those, a job not due yet is parked `delayed`; a job whose lock_key hash
+#: is running is parked `lock_key` (keys that collide under hashtext wait in claim order like
+#: jobs of one key), but only if its running job could be share-locked: one leaving `running`
+#: meanwhile may already have looked for the next job of its key to put back. Delayed jobs of
+#: the queue that have come due are put back for the next claim (this one reads the order as it
+#: was when it started). Each claim increments `claim_seq` and takes a new `claim_token`, the
+#: fence of every later write: the md5 of a random UUID the worker draws for the claim
+#: (`claim_seed`) and the row's number in the batch, unique for every claim on any server
+#: (PostgreSQL's gen_random_uuid() cost ~13 µs a row here, a tenth of a claim of ten). Records
+#: the worker and journals `picked`. The checkpoint comes back as JSON text, whatever codec the
+#: connection has. Every row also says how many jobs were parked and put back; when nothing was
+#: claimed, one row says only that (its job_id is NULL).
 CLAIM_JOBS: Final = Statement("""
-WITH candidates AS (
-    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at
+WITH due AS (
+    UPDATE dl_jobs j SET parked = NULL
+    WHERE j.job_id IN (
+        SELECT d.job_id FROM dl_jobs d
+        WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
+          AND d.available_at <= now()
+        ORDER BY d.available_at
+        LIMIT 1000
+        FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING j.job_id
+), walked AS (
+    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
+           j.available_at > now() AS not_due
     FROM dl_jobs j
-    WHERE j.status = 'queued' AND j.queue = :queue AND j.available_at <= now()
-      -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
-      -- purpose: a bare NOT EXISTS becomes an anti-join that may scan every running job.
-      AND NOT (SELECT EXISTS (
-          SELECT 1 FROM dl_jobs r
-          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashtext(j.lock_key)))
+    WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
     ORDER BY j.priority ASC, j.created_at ASC
-    LIMIT :limit
+    LIMIT :walk
     FOR UPDATE SKIP LOCKED
+), judged AS (
+    -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
+    -- purpose: a bare EXISTS becomes a join that may scan every running job.
+    SELECT w.*, NOT w.not_due AND (SELECT EXISTS (
+               SELECT 1 FROM dl_jobs r
+               WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash))
+               AS key_busy
+    FROM walked w
+), busy_keys AS (
+    SELECT g.lock_hash
+    FROM (SELECT DISTINCT lock_hash FROM judged WHERE key_busy) AS g
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM dl_jobs r
+        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = g.lock_hash
+        FOR SHARE OF r SKIP LOCKED
+    ) AS held
+), parked AS (
+    UPDATE dl_jobs j
+    SET parked = CASE WHEN g.not_due THEN 'delayed' ELSE 'lock_key' END
+    FROM judged g
+    WHERE j.job_id = g.job_id
+      AND (g.not_due OR g.lock_hash IN (SELECT lock_hash FROM busy_keys))
+    RETURNING j.job_id
 ), picked AS (
-    SELECT job_id, row_number() OVER () AS n FROM (
-        SELECT DISTINCT ON (lock_hash) job_id FROM candidates
+    SELECT job_id, priority, created_at,
+           row_number() OVER (ORDER BY priority, created_at) AS n
+    FROM (
+        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at FROM judged
+        WHERE NOT not_due AND NOT key_busy
         ORDER BY lock_hash, priority, created_at
     ) AS one_per_key
+    ORDER BY priority, created_at
+    LIMIT :limit
 ), claimed AS (
     UPDATE dl_jobs j
     SET status = 'running',
@@ -280,7 +323,52 @@ WITH candidates AS (
            jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM claimed
 )
-SELECT * FROM claimed ORDER BY priority, created_at
+SELECT c.*, counts.parked, counts.put_back
+FROM (SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM due) AS put_back)
+     AS counts
+LEFT JOIN claimed c ON true
+ORDER BY c.priority, c.created_at
+""")
+
+#: Put back (into the claim's order) the first job, in claim order, of each lock_key hash that
+#: has jobs parked behind a running job but none running nor ready: the end of a running job
+#: puts its key's next job back itself, so this only finds what was changed by hand (a running
+#: job deleted, a status set in SQL). The hashes are read by a skip scan of
+#: ix_dl_jobs_parked_lock_hash, at most `limit` of them per call. Wakes each queue concerned;
+#: returns the jobs put back.
+PUT_BACK_STRANDED: Final = Statement("""
+WITH RECURSIVE hashes AS (
+    (SELECT hashtext(lock_key) AS h FROM dl_jobs
+     WHERE status = 'queued' AND parked = 'lock_key'
+     ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT hashtext(j.lock_key) FROM dl_jobs j
+            WHERE j.status = 'queued' AND j.parked = 'lock_key' AND hashtext(j.lock_key) > hashes.h
+            ORDER BY 1 LIMIT 1)
+    FROM hashes WHERE hashes.h IS NOT NULL
+), stranded AS (
+    SELECT hashes.h FROM hashes
+    WHERE hashes.h IS NOT NULL
+      AND NOT (SELECT EXISTS (
+          SELECT 1 FROM dl_jobs r
+          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashes.h))
+      AND NOT (SELECT EXISTS (  -- nor any ready to run
+          SELECT 1 FROM dl_jobs q
+          WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashes.h AND q.parked IS NULL))
+    LIMIT :limit
+), first_parked AS (
+    SELECT (SELECT q.job_id FROM dl_jobs q
+            WHERE q.status = 'queued' AND hashtext(q.lock_key) = stranded.h
+              AND q.parked = 'lock_key'
+            ORDER BY q.priority, q.created_at LIMIT 1) AS job_id
+    FROM stranded
+), put_back AS (
+    UPDATE dl_jobs j SET parked = NULL
+    FROM first_parked f
+    WHERE j.job_id = f.job_id AND j.status = 'queued' AND j.parked = 'lock_key'
+    RETURNING j.job_id, j.queue
+)
+SELECT job_id, pg_notify('dl_jobs', queue) IS NULL AS woken FROM put_back
 """)
 
 #: Seconds until the earliest delayed job of `queue` becomes due (NULL: none).
@@ -450,7 +538,11 @@ WITH u AS (
         cancel_requested = COALESCE(m.set_cancel, j.cancel_requested),
         rerun_requested = COALESCE(m.set_rerun, j.rerun_requested),
         checkpoint = CASE WHEN m.clear_checkpoint THEN NULL ELSE j.checkpoint END,
-        args = COALESCE(m.args::jsonb, j.args)
+        args = COALESCE(m.args::jsonb, j.args),
+        parked = CASE WHEN m.status = 'queued'
+                       AND COALESCE(now() + make_interval(secs => m.retry_in), j.available_at)
+                           > now()
+                      THEN 'delayed' END
     FROM mine m
     WHERE j.job_id = m.job_id AND m.fenced
     RETURNING j.job_id, j.queue, j.lock_key, j.available_at, j.status, m.expect_status,
@@ -483,20 +575,35 @@ WITH u AS (
          listened
     WHERE listened.anyone
     GROUP BY chunk
-), woken AS (
-    SELECT u.job_id,
-           dl_lock_waiter_found(u.job_id, u.lock_key,
-                                CASE WHEN :wakes_own_queue THEN u.queue END,
-                                w.job_id, w.queue, w.lock_key) AS collision
+), next_up AS (
+    -- the next due job of each lock_key hash freed: by a job leaving `running`, or a queued
+    -- job ending (it may have been the one its key's parked jobs waited behind)
+    SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked
     FROM upd u
     CROSS JOIN LATERAL (
-        SELECT q.job_id, q.queue, q.lock_key FROM dl_jobs q
+        -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
+        -- statistics taken while few jobs were due send this through the spec's claim index
+        -- (every due job of every queue read, for each job written)
+        SELECT q.job_id, q.queue, q.lock_key, q.parked FROM dl_jobs q
         WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
-          AND q.available_at <= now() AND q.job_id <> u.job_id
+          AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id
         ORDER BY q.priority, q.created_at
         LIMIT 1
     ) AS w
-    WHERE u.expect_status = 'running'
+    WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
+), put_back AS (
+    -- it goes back into the claim's order, if it was parked
+    UPDATE dl_jobs q SET parked = NULL
+    FROM next_up n
+    WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status = 'queued'
+      AND q.job_id NOT IN (SELECT job_id FROM upd)
+), woken AS (
+    SELECT n.job_id,
+           dl_lock_waiter_found(u.job_id, u.lock_key,
+                                CASE WHEN :wakes_own_queue THEN u.queue END,
+                                n.next_id, n.queue, n.lock_key) AS collision
+    FROM next_up n JOIN upd u ON u.job_id = n.job_id
+    WHERE n.expect_status = 'running'
 )
 SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: Longest error text stored in `dl_jobs.error`.
 MAX_ERROR_CHARS = 4000
+#: The most jobs one claim walks (locking each) after the last one parked some: a run of
+#: 50,000 jobs of a running lock_key is parked in about ten claims.
+MAX_WALK = 10_000
 
 
 class QueueWorker:
@@ -68,6 +71,8 @@ class QueueWorker:
         #: started), for operators and tests.
         self.claims_started = 0
         self.claims_answered = 0
+        #: How many jobs the next claim walks at least (see MAX_WALK).
+        self._walk = 0
 
     @property
     def busy(self) -> int:
@@ -98,17 +103,26 @@ class QueueWorker:
             try:
                 claim_started = time.monotonic()
                 self.claims_started += 1
-                jobs = await self._rt.protocol.claim(self.queue, free, self._rt.worker_id)
+                claim = await self._rt.protocol.claim_round(
+                    self.queue, free, self._rt.worker_id, walk=max(free, self._walk)
+                )
                 self.claims_answered += 1
-                if jobs or self._jobs or self._outcomes_pending():
+                # Jobs that could not run were parked: the next claim walks further, so that
+                # a long run of them is parked in a few claims, not one slot's worth each.
+                self._walk = min(max(self._walk, free) * 4, MAX_WALK) if claim.parked else 0
+                jobs = claim.jobs
+                moved = jobs or claim.parked or claim.put_back
+                if moved or self._jobs or self._outcomes_pending():
                     self.idle.clear()
                 else:
                     self.idle_claim_started = claim_started
                     self.idle.set()
                 if jobs:
                     await self._start(jobs)
+                if moved:
                     # There may be more: a batch also comes back short when several of its
-                    # candidates shared a lock_key, and nothing would wake us for the others.
+                    # candidates shared a lock_key or were parked, and delayed jobs put back
+                    # are claimable now; nothing would wake us for them.
                     continue
                 timeout = await self._idle_timeout()
             except Exception as exc:  # the loop must outlive any database trouble

@@ -1,13 +1,12 @@
 """Reaper (spec §6.5): jobs whose lease expired go back to `queued`, or become `lost` when the
 lease expired on their last attempt, or `canceled` when a cancel was requested (decided by
 `core.transitions.on_expired`). A job sent back keeps its checkpoint: the next attempt resumes
-from it.
+from it. The reaper also puts back jobs parked behind a lock_key that nobody holds.
 
 A pass reads the expired jobs with their facts, decides each, and writes the transitions in one
 statement, each fenced on the claim it read and on a lease still expired: a heartbeat that got
 through meanwhile keeps its job, and of two replicas' reapers only one writes a job's fate. A
-job whose flags changed in between (a cancel requested) is read and decided again.
-"""
+job whose flags changed in between (a cancel requested) is read and decided again."""
 
 from __future__ import annotations
 
@@ -38,11 +37,20 @@ class Reaper:
         while not stopping.is_set():
             try:
                 await self.run_once()
+                await self.put_back_stranded()
             except Exception as exc:  # keep sweeping: the next pass may get through
                 log.warning(
                     "reaper pass failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
                 )
             await wait_any(stopping, timeout=jittered(self._period))
+
+    async def put_back_stranded(self) -> int:
+        """Put back jobs parked behind a lock_key no job holds any more (only a change made by
+        hand strands them: the end of a job puts its key's next job back); how many."""
+        put_back = await self._protocol.put_back_stranded(BATCH)
+        for job_id in put_back:
+            log.warning("job %s was parked behind a lock_key nobody holds: put back", job_id)
+        return len(put_back)
 
     async def run_once(self) -> dict[str, int]:
         """One full pass; returns {new status: count}."""

@@ -1,0 +1,179 @@
+"""Parked jobs (migration 0009): queued jobs that cannot run now (not due, or their lock_key's
+job running) leave the claim's order, and come back when they can run. Claims are made by hand
+on a service without workers, so that each step is seen as it happens."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import asyncpg
+
+from dataloader.core.retry import Linear
+from dataloader.core.transitions import Ended, Outcome
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.workers.reaper import Reaper
+
+from .conftest import Service, StartService, wait_until
+from .helpers import finish_claimed
+
+WORKER = "hand"
+#: A queue of its own for the tests' jobs.
+QUEUE = "parking"
+
+
+async def parked(conn: asyncpg.Connection, job_id: uuid.UUID) -> str | None:
+    value: str | None = await conn.fetchval("SELECT parked FROM dl_jobs WHERE job_id = $1", job_id)
+    return value
+
+
+async def producer(start_service: StartService) -> tuple[Service, WorkerProtocol]:
+    service = await start_service(run_workers=False)
+    return service, WorkerProtocol(service.context.pool)
+
+
+async def enqueue(service: Service, lock_key: str, **options: object) -> uuid.UUID:
+    result = await service.dl.enqueue("demo.noop", queue=QUEUE, lock_key=lock_key, **options)
+    return result.job_id
+
+
+async def claim_one(protocol: WorkerProtocol) -> ClaimedJob:
+    (claimed,) = await protocol.claim(QUEUE, 1, WORKER)
+    return claimed
+
+
+async def test_a_delayed_job_is_parked_until_due_then_put_back_and_claimed(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service, protocol = await producer(start_service)
+    job = await enqueue(service, "k", available_at=timedelta(hours=1))
+    assert await parked(conn, job) == "delayed"
+    first = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert (first.jobs, first.parked, first.put_back) == ([], 0, 0)
+
+    await conn.execute(
+        "UPDATE dl_jobs SET available_at = now() - interval '1 second' WHERE job_id = $1", job
+    )
+    due = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert (due.jobs, due.put_back) == ([], 1)  # put back for the next claim
+    assert await parked(conn, job) is None
+    assert (await claim_one(protocol)).job_id == job
+
+
+async def test_jobs_of_a_running_lock_key_are_parked_and_put_back_one_by_one(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service, protocol = await producer(start_service)
+    first, second, third = [await enqueue(service, "k") for _ in range(3)]
+    other = await enqueue(service, "other")
+    running = await claim_one(protocol)
+    assert running.job_id == first
+
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert [j.job_id for j in round_.jobs] == [other]
+    assert round_.parked == 2
+    assert [await parked(conn, j) for j in (second, third)] == ["lock_key", "lock_key"]
+    # parked jobs are not walked again
+    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == type(round_)([], 0, 0)
+
+    await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+    assert [await parked(conn, j) for j in (second, third)] == [None, "lock_key"]
+    running = await claim_one(protocol)
+    assert running.job_id == second
+    await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+    assert await parked(conn, third) is None
+    assert (await claim_one(protocol)).job_id == third
+
+
+async def test_a_queued_job_that_ends_puts_back_the_next_of_its_key(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service, protocol = await producer(start_service)
+    first, second, third = [await enqueue(service, "k") for _ in range(3)]
+    running = await claim_one(protocol)
+    assert running.job_id == first
+    assert (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).parked == 2
+    await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+    assert await parked(conn, second) is None
+
+    await service.dl.cancel(second)  # the job the others waited behind ends while queued
+    assert await parked(conn, third) is None
+    assert (await claim_one(protocol)).job_id == third
+
+
+async def test_a_job_retried_after_a_delay_is_parked_until_due(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service, protocol = await producer(start_service)
+    job = await enqueue(service, "k")
+    claimed = await claim_one(protocol)
+    await finish_claimed(protocol, claimed, Outcome(Ended.FAILED, "boom"), WORKER, Linear(30))
+    row = await conn.fetchrow(
+        "SELECT status::text, parked, available_at > now() AS later FROM dl_jobs WHERE job_id = $1",
+        job,
+    )
+    assert tuple(row) == ("queued", "delayed", True)
+
+
+async def test_jobs_of_a_key_whose_running_job_is_being_written_are_not_parked(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The running job's row is held by a write that may end it (and look for the next job
+    of its key before the claim's parking is visible): its key's jobs are left unparked."""
+    service, protocol = await producer(start_service)
+    first, second = [await enqueue(service, "k") for _ in range(2)]
+    await claim_one(protocol)
+    writer = await asyncpg.connect(db_dsn)
+    try:
+        async with writer.transaction():
+            await writer.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", first)
+            round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+            assert (round_.jobs, round_.parked) == ([], 0)
+        assert await parked(conn, second) is None
+    finally:
+        await writer.close()
+    assert (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).parked == 1
+    assert await parked(conn, second) == "lock_key"
+
+
+async def test_the_reaper_puts_back_jobs_parked_behind_a_key_nobody_holds(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service, protocol = await producer(start_service)
+    held = [await enqueue(service, "held") for _ in range(2)]
+    stranded = [await enqueue(service, "stranded") for _ in range(2)]
+    await claim_one(protocol)  # held[0] runs
+    await conn.execute(
+        "UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = ANY($1::uuid[])",
+        [held[1], *stranded],
+    )
+    reaper = Reaper(protocol, 60, "test-reaper")
+
+    assert await reaper.put_back_stranded() == 1
+    assert [await parked(conn, j) for j in stranded] == [None, "lock_key"]  # the first only
+    assert await parked(conn, held[1]) == "lock_key"  # its key's job runs
+    assert await reaper.put_back_stranded() == 0  # stranded[0] is ready: the rest wait for it
+
+
+async def test_jobs_written_in_sql_are_parked_by_the_claims_that_meet_them(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Rows dataloader did not write (parked NULL) ahead in claim order: the claims walk
+    further each time they park some, and the ready job behind them runs."""
+    await conn.execute(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, priority, available_at)"
+        " SELECT gen_random_uuid(), 'default', 'demo.noop', 'later-' || i, 0,"
+        " now() + interval '1 day' FROM generate_series(1, 500) AS i"
+    )
+    service = await start_service()
+    ready = await service.dl.enqueue("demo.noop", queue="default", lock_key="ready")
+    state = await service.dl.wait(ready.job_id, timeout=60)
+    assert state.status.value == "succeeded"
+
+    async def all_parked() -> bool:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM dl_jobs WHERE lock_key LIKE 'later-%' AND parked IS NULL"
+        )
+        return bool(left == 0)
+
+    await wait_until(all_parked, what="the delayed rows to be parked")
