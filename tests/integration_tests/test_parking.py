@@ -8,10 +8,11 @@ import uuid
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome
-from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.storage.protocol import ClaimedJob, ClaimRound, WorkerProtocol
 from dataloader.workers.reaper import Reaper
 
 from .conftest import Service, StartService, wait_until
@@ -42,20 +43,26 @@ async def claim_one(protocol: WorkerProtocol) -> ClaimedJob:
     return claimed
 
 
+async def park_walked(protocol: WorkerProtocol) -> int:
+    """Claim (nothing is claimable) and park what the claim walked past: how many."""
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert round_.jobs == []
+    return await protocol.park(round_.blocked)
+
+
 async def test_a_delayed_job_is_parked_until_due_then_put_back_and_claimed(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:
     service, protocol = await producer(start_service)
     job = await enqueue(service, "k", available_at=timedelta(hours=1))
     assert await parked(conn, job) == "delayed"
-    first = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
-    assert (first.jobs, first.parked, first.put_back) == ([], 0, 0)
+    assert await protocol.put_back_due(QUEUE, 10) == (0, pytest.approx(3600, abs=60))
+    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == ClaimRound([], [])
 
     await conn.execute(
         "UPDATE dl_jobs SET available_at = now() - interval '1 second' WHERE job_id = $1", job
     )
-    due = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
-    assert (due.jobs, due.put_back) == ([], 1)  # put back for the next claim
+    assert await protocol.put_back_due(QUEUE, 10) == (1, None)
     assert await parked(conn, job) is None
     assert (await claim_one(protocol)).job_id == job
 
@@ -71,10 +78,11 @@ async def test_jobs_of_a_running_lock_key_are_parked_and_put_back_one_by_one(
 
     round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
     assert [j.job_id for j in round_.jobs] == [other]
-    assert round_.parked == 2
+    assert sorted(round_.blocked) == sorted([second, third])
+    assert await protocol.park(round_.blocked) == 2
     assert [await parked(conn, j) for j in (second, third)] == ["lock_key", "lock_key"]
     # parked jobs are not walked again
-    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == type(round_)([], 0, 0)
+    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == ClaimRound([], [])
 
     await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
     assert [await parked(conn, j) for j in (second, third)] == [None, "lock_key"]
@@ -92,7 +100,7 @@ async def test_a_queued_job_that_ends_puts_back_the_next_of_its_key(
     first, second, third = [await enqueue(service, "k") for _ in range(3)]
     running = await claim_one(protocol)
     assert running.job_id == first
-    assert (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).parked == 2
+    assert await park_walked(protocol) == 2
     await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
     assert await parked(conn, second) is None
 
@@ -127,12 +135,11 @@ async def test_jobs_of_a_key_whose_running_job_is_being_written_are_not_parked(
     try:
         async with writer.transaction():
             await writer.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", first)
-            round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
-            assert (round_.jobs, round_.parked) == ([], 0)
+            assert await park_walked(protocol) == 0
         assert await parked(conn, second) is None
     finally:
         await writer.close()
-    assert (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).parked == 1
+    assert await park_walked(protocol) == 1
     assert await parked(conn, second) == "lock_key"
 
 
@@ -177,3 +184,20 @@ async def test_jobs_written_in_sql_are_parked_by_the_claims_that_meet_them(
         return bool(left == 0)
 
     await wait_until(all_parked, what="the delayed rows to be parked")
+
+
+async def test_a_delayed_job_runs_once_due_without_waiting_for_the_poll(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The tests' poll interval is five minutes: only the claim loop's timer for the earliest
+    delayed job, and putting it back when due, can start it within the wait's timeout."""
+    service = await start_service()
+    job = await service.dl.enqueue(
+        "demo.noop", queue="default", lock_key="d", available_at=timedelta(seconds=0.5)
+    )
+    state = await service.dl.wait(job.job_id, timeout=30)
+    assert state.status.value == "succeeded"
+    started_after_due = await conn.fetchval(
+        "SELECT started_at >= available_at FROM dl_jobs WHERE job_id = $1", job.job_id
+    )
+    assert started_after_due

@@ -67,12 +67,11 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True)
 class ClaimRound:
-    """What one claim did: the jobs it claimed, how many jobs it parked (they could not run:
-    not due, or their lock_key busy) and how many delayed jobs it put back (come due)."""
+    """What one claim did: the jobs it claimed, and those it walked past because they cannot
+    run now (not due, or their lock_key busy), to be parked (`WorkerProtocol.park`)."""
 
     jobs: list[ClaimedJob]
-    parked: int
-    put_back: int
+    blocked: list[uuid.UUID]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +105,8 @@ class WorkerProtocol:
 
     async def claim_round(self, queue: str, limit: int, worker_id: str, walk: int) -> ClaimRound:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key, out of the first
-        `walk` (≥ `limit`) jobs of its claim order; park those that cannot run now and put back
-        delayed jobs that have come due (see `queries.CLAIM_JOBS`)."""
+        `walk` (≥ `limit`) jobs of its claim order that are not parked; those walked that
+        cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`)."""
         rows = await self.db.fetch(
             *queries.CLAIM_JOBS.bind(
                 queue=queue,
@@ -117,13 +116,26 @@ class WorkerProtocol:
                 claim_seed=uuid.uuid4(),
             )
         )
-        counts = rows[0]
-        return ClaimRound(self._claimed(rows), counts["parked"], counts["put_back"])
+        blocked: list[uuid.UUID] = []
+        if rows and rows[-1]["job_id"] is None:
+            blocked = rows.pop()["blocked"]
+        return ClaimRound(self._claimed(rows), blocked)
+
+    async def park(self, job_ids: Sequence[uuid.UUID]) -> int:
+        """Park those of `job_ids` (walked past by a claim) that still cannot run now; how
+        many (see `queries.PARK_JOBS`)."""
+        parked: int = await self.db.fetchval(*queries.PARK_JOBS.bind(job_ids=list(job_ids)))
+        return parked
+
+    async def put_back_due(self, queue: str, limit: int) -> tuple[int, float | None]:
+        """Put back up to `limit` delayed jobs of `queue` that have come due: how many, and in
+        how many seconds the next parked one comes due (None: none is parked delayed)."""
+        row = await self.db.fetchrow(*queries.PUT_BACK_DUE.bind(queue=queue, limit=limit))
+        assert row is not None
+        return row["put_back"], row["next_due_in"]
 
     @staticmethod
     def _claimed(rows: list[Record]) -> list[ClaimedJob]:
-        if rows[0]["job_id"] is None:
-            return []
         return [
             ClaimedJob(
                 job_id=r["job_id"],

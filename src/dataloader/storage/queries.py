@@ -237,30 +237,16 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 
 #: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched), at most one per lock_key
 #: hash, from the first `walk` jobs of the claim's order (`walk` ≥ `limit`) that are not parked
-#: (migration 0009). Of those, a job not due yet is parked `delayed`; a job whose lock_key hash
-#: is running is parked `lock_key` (keys that collide under hashtext wait in claim order like
-#: jobs of one key), but only if its running job could be share-locked: one leaving `running`
-#: meanwhile may already have looked for the next job of its key to put back. Delayed jobs of
-#: the queue that have come due are put back for the next claim (this one reads the order as it
-#: was when it started). Each claim increments `claim_seq` and takes a new `claim_token`, the
-#: fence of every later write: the md5 of a random UUID the worker draws for the claim
-#: (`claim_seed`) and the row's number in the batch, unique for every claim on any server
-#: (PostgreSQL's gen_random_uuid() cost ~13 µs a row here, a tenth of a claim of ten). Records
-#: the worker and journals `picked`. The checkpoint comes back as JSON text, whatever codec the
-#: connection has. Every row also says how many jobs were parked and put back; when nothing was
-#: claimed, one row says only that (its job_id is NULL).
+#: (migration 0009): keys that collide under hashtext wait in claim order like jobs of one key.
+#: Each claim increments `claim_seq` and takes a new `claim_token`, the fence of every later
+#: write: the md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's
+#: number in the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid()
+#: cost ~13 µs a row here, a tenth of a claim of ten). Records the worker and journals `picked`.
+#: The checkpoint comes back as JSON text, whatever codec the connection has. The jobs walked
+#: that cannot run now (not due, or their lock_key's job running) come back in one more row
+#: (`job_id` NULL, their ids in `blocked`), for PARK_JOBS.
 CLAIM_JOBS: Final = Statement("""
-WITH due AS (
-    UPDATE dl_jobs j SET parked = NULL
-    WHERE j.job_id IN (
-        SELECT d.job_id FROM dl_jobs d
-        WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
-          AND d.available_at <= now()
-        ORDER BY d.available_at
-        LIMIT 1000
-        FOR NO KEY UPDATE SKIP LOCKED)
-    RETURNING j.job_id
-), walked AS (
+WITH walked AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
            j.available_at > now() AS not_due
     FROM dl_jobs j
@@ -271,32 +257,17 @@ WITH due AS (
 ), judged AS (
     -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
     -- purpose: a bare EXISTS becomes a join that may scan every running job.
-    SELECT w.*, NOT w.not_due AND (SELECT EXISTS (
+    SELECT w.*, w.not_due OR (SELECT EXISTS (
                SELECT 1 FROM dl_jobs r
                WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash))
-               AS key_busy
+               AS blocked
     FROM walked w
-), busy_keys AS (
-    SELECT g.lock_hash
-    FROM (SELECT DISTINCT lock_hash FROM judged WHERE key_busy) AS g
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM dl_jobs r
-        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = g.lock_hash
-        FOR SHARE OF r SKIP LOCKED
-    ) AS held
-), parked AS (
-    UPDATE dl_jobs j
-    SET parked = CASE WHEN g.not_due THEN 'delayed' ELSE 'lock_key' END
-    FROM judged g
-    WHERE j.job_id = g.job_id
-      AND (g.not_due OR g.lock_hash IN (SELECT lock_hash FROM busy_keys))
-    RETURNING j.job_id
 ), picked AS (
     SELECT job_id, priority, created_at,
            row_number() OVER (ORDER BY priority, created_at) AS n
     FROM (
         SELECT DISTINCT ON (lock_hash) job_id, priority, created_at FROM judged
-        WHERE NOT not_due AND NOT key_busy
+        WHERE NOT blocked
         ORDER BY lock_hash, priority, created_at
     ) AS one_per_key
     ORDER BY priority, created_at
@@ -323,11 +294,63 @@ WITH due AS (
            jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM claimed
 )
-SELECT c.*, counts.parked, counts.put_back
-FROM (SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM due) AS put_back)
-     AS counts
-LEFT JOIN claimed c ON true
-ORDER BY c.priority, c.created_at
+SELECT c.*, NULL::uuid[] AS blocked FROM claimed c
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, array_agg(job_id)
+FROM judged WHERE blocked HAVING count(*) > 0
+ORDER BY priority, created_at
+""")
+
+#: Park the jobs a claim walked past (`job_ids`) that still cannot run: one not due yet is
+#: parked `delayed`; one whose lock_key hash is running is parked `lock_key`, but only if its
+#: running job could be share-locked (`FOR SHARE SKIP LOCKED` reads it as it is now): a job
+#: leaving `running` meanwhile may already have looked for the next job of its key to put
+#: back (APPLY_TRANSITIONS), and that job must not be parked after it looked. Returns how many
+#: were parked.
+PARK_JOBS: Final = Statement("""
+WITH walked AS (
+    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.available_at > now() AS not_due
+    FROM dl_jobs j
+    WHERE j.job_id = ANY(:job_ids::uuid[]) AND j.status = 'queued' AND j.parked IS NULL
+    FOR UPDATE SKIP LOCKED
+), busy_keys AS (
+    SELECT g.lock_hash
+    FROM (SELECT DISTINCT lock_hash FROM walked WHERE NOT not_due) AS g
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM dl_jobs r
+        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = g.lock_hash
+        FOR SHARE OF r SKIP LOCKED
+    ) AS held
+), parked AS (
+    UPDATE dl_jobs j
+    SET parked = CASE WHEN w.not_due THEN 'delayed' ELSE 'lock_key' END
+    FROM walked w
+    WHERE j.job_id = w.job_id
+      AND (w.not_due OR w.lock_hash IN (SELECT lock_hash FROM busy_keys))
+    RETURNING j.job_id
+)
+SELECT count(*) FROM parked
+""")
+
+#: Put back (into the claim's order) up to `limit` delayed jobs of `queue` that have come due,
+#: and say in how many seconds the next one comes due (NULL: none is parked delayed).
+PUT_BACK_DUE: Final = Statement("""
+WITH due AS (
+    UPDATE dl_jobs j SET parked = NULL
+    WHERE j.job_id IN (
+        SELECT d.job_id FROM dl_jobs d
+        WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
+          AND d.available_at <= now()
+        ORDER BY d.available_at
+        LIMIT :limit
+        FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING j.job_id
+)
+SELECT (SELECT count(*) FROM due) AS put_back,
+       (SELECT EXTRACT(EPOCH FROM min(d.available_at) - now())::float8 FROM dl_jobs d
+        WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
+          AND d.available_at > now()) AS next_due_in
 """)
 
 #: Put back (into the claim's order) the first job, in claim order, of each lock_key hash that

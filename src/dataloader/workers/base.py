@@ -47,6 +47,11 @@ MAX_ERROR_CHARS = 4000
 #: The most jobs one claim walks (locking each) after the last one parked some: a run of
 #: 50,000 jobs of a running lock_key is parked in about ten claims.
 MAX_WALK = 10_000
+#: How often a busy queue puts back its delayed jobs that have come due (an idle queue does at
+#: once, woken at the earliest one's time): the longest a due job waits behind a busy queue.
+DUE_CHECK_SEC = 1.0
+#: Delayed jobs come due put back per statement.
+PUT_BACK_BATCH = 1000
 
 
 class QueueWorker:
@@ -73,6 +78,8 @@ class QueueWorker:
         self.claims_answered = 0
         #: How many jobs the next claim walks at least (see MAX_WALK).
         self._walk = 0
+        #: When (monotonic) to look for delayed jobs come due again (see `_put_back_due`).
+        self._due_check_at = 0.0
 
     @property
     def busy(self) -> int:
@@ -102,16 +109,18 @@ class QueueWorker:
             self._wakeup.clear()
             try:
                 claim_started = time.monotonic()
+                put_back = await self._put_back_due(claim_started)
                 self.claims_started += 1
                 claim = await self._rt.protocol.claim_round(
                     self.queue, free, self._rt.worker_id, walk=max(free, self._walk)
                 )
                 self.claims_answered += 1
+                jobs = claim.jobs
+                parked = await self._rt.protocol.park(claim.blocked) if claim.blocked else 0
                 # Jobs that could not run were parked: the next claim walks further, so that
                 # a long run of them is parked in a few claims, not one slot's worth each.
-                self._walk = min(max(self._walk, free) * 4, MAX_WALK) if claim.parked else 0
-                jobs = claim.jobs
-                moved = jobs or claim.parked or claim.put_back
+                self._walk = min(max(self._walk, free) * 4, MAX_WALK) if parked else 0
+                moved = jobs or parked or put_back
                 if moved or self._jobs or self._outcomes_pending():
                     self.idle.clear()
                 else:
@@ -129,6 +138,21 @@ class QueueWorker:
                 log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
                 timeout = jittered(min(settings.poll_interval_sec, 1.0))
             await wait_any(self._wakeup, stopping, timeout=timeout)
+            self._due_check_at = 0.0  # woken: by a delayed job's time, perhaps
+
+    async def _put_back_due(self, now: float) -> int:
+        """Put back the queue's delayed jobs that have come due, when one may have: checked
+        after each idle wait, and every DUE_CHECK_SEC (or sooner, when one is due sooner)
+        while the queue keeps its slots busy."""
+        if now < self._due_check_at:
+            return 0
+        put_back, due_in = await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
+        if put_back >= PUT_BACK_BATCH:  # more may be due already
+            wait = 0.0
+        else:
+            wait = DUE_CHECK_SEC if due_in is None else max(0.0, min(DUE_CHECK_SEC, due_in))
+        self._due_check_at = now + wait
+        return put_back
 
     def _outcomes_pending(self) -> bool:
         """Whether a job of this queue has ended but its outcome is not written yet: a
