@@ -46,6 +46,7 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
         job_ids=[uuid.uuid4()], claim_tokens=[uuid.uuid4()], journal=[True], worker_id="w"
     ),
     "set_progress": queries.SET_PROGRESS.bind(**_ids(), progress="{}"),
+    "park_jobs": queries.PARK_JOBS.bind(job_ids=[uuid.uuid4()]),
     "set_checkpoint": queries.SET_CHECKPOINT.bind(**_ids(), checkpoint="{}"),
     "apply_transitions": _apply_args(),
     "job_facts": queries.JOB_FACTS.bind(job_id=uuid.uuid4()),
@@ -105,3 +106,27 @@ async def test_claim_probes_running_lock_keys_through_their_own_index(
     plan = await plan_of(stale_conn, *claim)
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan
+
+
+async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: str) -> None:
+    """Statistics taken while the queue held only delayed jobs say that hardly any job is due:
+    the search for the next job of a key freed by an outcome must still read that key's index,
+    not every due job of the queue (the spec's claim index leads with available_at)."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at, parked) "
+            "SELECT gen_random_uuid(), 'q', 't', 'later-' || i, now() + interval '1 day',"
+            " 'delayed' FROM generate_series(1, 5000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
+            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 5000) i"
+        )
+        plan = await plan_of(conn, *_apply_args())
+    finally:
+        await conn.close()
+    assert "'Index Name': 'ix_dl_jobs_queued_lock_hash'" in plan
+    assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
