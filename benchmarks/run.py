@@ -97,10 +97,11 @@ class Bench:
         finally:
             await conn.close()
 
-    async def bulk_insert(self, n: int) -> None:
+    async def bulk_insert(self, n: int, make: Callable[[int], NewJob] = job) -> None:
+        """Enqueue `make(i)` for i in range(n), 1,000 jobs per batch."""
         async with Runner(self.settings(), run_workers=False) as dl:
             for start in range(0, n, 1000):
-                await dl.client.enqueue_many([job(i) for i in range(start, min(n, start + 1000))])
+                await dl.client.enqueue_many([make(i) for i in range(start, min(n, start + 1000))])
 
     async def drain(self, n: int, concurrency: int) -> float:
         """Seconds to run `n` queued no-op jobs to `succeeded` (worker start and stop included)."""
@@ -287,20 +288,12 @@ async def _running_key(b: Bench, n: int) -> None:
 async def _delayed_ahead(b: Bench, n: int) -> None:
     """`n` jobs due tomorrow at priority 0, ahead of the plain jobs (priority 100), enqueued
     through the client as users do."""
-    async with Runner(b.settings(), run_workers=False) as dl:
-        for start in range(0, n, 1000):
-            await dl.client.enqueue_many(
-                [
-                    NewJob(
-                        queue=QUEUE,
-                        task="noop",
-                        lock_key=f"later-{i}",
-                        priority=0,
-                        delay=timedelta(days=1),
-                    )
-                    for i in range(start, min(n, start + 1000))
-                ]
-            )
+    await b.bulk_insert(
+        n,
+        lambda i: NewJob(
+            queue=QUEUE, task="noop", lock_key=f"later-{i}", priority=0, delay=timedelta(days=1)
+        ),
+    )
 
 
 async def _delayed_ahead_in_sql(b: Bench, n: int) -> None:
