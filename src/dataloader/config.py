@@ -168,6 +168,13 @@ class Settings(BaseSettings):
     auto_migrate: bool = Field(default=True, description="Apply migrations at start.")
     data_dir: Path = Field(default=Path(".dataloader"), description="Embedded PostgreSQL home.")
     log_level: str = Field(default="INFO", description="Root log level.")
+    log_summary_sec: float = Field(
+        default=60,
+        ge=0,
+        le=86_400,
+        description="Period of the INFO line per queue that counts the jobs the process ended"
+        " (each job's own lines are at DEBUG); 0: no summary.",
+    )
     poll_interval_sec: float = Field(
         default=5,
         gt=0,

@@ -243,7 +243,7 @@ class ContextRecorder(logging.Handler):
         self.lines.append((record.levelno, record.getMessage(), current_context()))
 
 
-async def test_each_written_outcome_is_logged_in_its_jobs_context(
+async def test_each_written_outcome_is_logged_in_its_jobs_context_and_counted(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:
     service = await start_service()
@@ -259,7 +259,7 @@ async def test_each_written_outcome_is_logged_in_its_jobs_context(
     logger = logging.getLogger("dataloader.workers.completer")
     level = logger.level
     logger.addHandler(recorder)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     try:
         for claim in claims:
             await completer.finish(running(service, RunningJob(claim)), outcomes[claim.job_id])
@@ -267,11 +267,24 @@ async def test_each_written_outcome_is_logged_in_its_jobs_context(
     finally:
         logger.removeHandler(recorder)
         logger.setLevel(level)
+    summary, summary_logger = ContextRecorder(), logging.getLogger("dataloader.workers")
+    summary_level = summary_logger.level
+    summary_logger.addHandler(summary)
+    summary_logger.setLevel(logging.INFO)
+    try:
+        runtime.summary.flush()
+    finally:
+        summary_logger.removeHandler(summary)
+        summary_logger.setLevel(summary_level)
 
     def context(job_id: uuid.UUID, task: str) -> dict[str, str]:
         return {"job_id": str(job_id), "queue": MANUAL, "task": task}
 
+    # a success is a DEBUG line (a periodic summary counts it at INFO), a failure a WARNING
     assert sorted(recorder.lines) == [
-        (logging.INFO, "job succeeded", context(good.job_id, "t.good")),
+        (logging.DEBUG, "job succeeded", context(good.job_id, "t.good")),
         (logging.WARNING, "job attempt failed (failed): boom", context(bad.job_id, "t.bad")),
     ]
+    ((level, message, _),) = summary.lines
+    assert level == logging.INFO
+    assert message.startswith(f"queue {MANUAL}: 1 done, 1 failed in the last ")

@@ -213,7 +213,7 @@ class QueueWorker:
         if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
             running.lose("the lock connection was lost before the job started")
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-            log.info("job started (attempt %d of %d)", job.attempt, job.max_attempts)
+            log.debug("job started (attempt %d of %d)", job.attempt, job.max_attempts)
             try:
                 outcome = await self._run_pipeline(running)
             except BaseException:

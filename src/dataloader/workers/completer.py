@@ -255,6 +255,7 @@ class Completer:
             self.failed_writes = 0
         job, outcome = pending.running.job, pending.outcome
         self._forget(pending)
+        self._rt.summary.count(job.queue, "no_longer_ours" if written is None else written.journal)
         level, message, *args = _report(outcome, written)
         if not collision and not log.isEnabledFor(level):
             return  # binding the job's log context costs more than the rest of this
@@ -315,14 +316,14 @@ def _report(outcome: Outcome, written: Transition | None) -> tuple[Any, ...]:
     if written is None:
         return logging.WARNING, "job %s but was no longer ours", outcome.ended.value
     if outcome.ended is Ended.SUCCEEDED:
-        return logging.INFO, "job succeeded"
+        return logging.DEBUG, "job succeeded"
     if outcome.ended is Ended.FAILED:
         return logging.WARNING, "job attempt failed (%s): %s", written.journal, outcome.error
     if outcome.ended is Ended.HANDED_BACK:
         return logging.WARNING, "job handed back (%s): %s", written.journal, outcome.error
     if outcome.ended is Ended.CANCELED:
-        return logging.INFO, "job canceled"
-    return logging.INFO, "job backed off (%s holds the key)", outcome.holder
+        return logging.DEBUG, "job canceled"
+    return logging.DEBUG, "job backed off (%s holds the key)", outcome.holder
 
 
 def _one_per_job(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:

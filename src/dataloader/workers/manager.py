@@ -22,6 +22,7 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.presence import Presence
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
+from dataloader.workers.summary import JobSummary
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -55,6 +56,7 @@ class WorkerManager:
             locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
             registry=registry,
             worker_id=new_worker_id(),
+            summary=JobSummary(settings.log_summary_sec),
         )
         self.completer = Completer(self.runtime, on_written=self._queue_ready)
         self.queues = {
@@ -109,6 +111,7 @@ class WorkerManager:
         self._spawn("locks", locks.maintain(self._stop_all))
         self._spawn("listener", self.listener.run(self._stop_all))
         self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
+        self._spawn("summary", self.runtime.summary.run(self._stop_all))
         self._claiming_tasks = [
             self._spawn("reaper", self.reaper.run(self._stop_claiming)),
             self._spawn("presence", self.presence.run(self._stop_claiming)),

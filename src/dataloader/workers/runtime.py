@@ -15,6 +15,7 @@ from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.workers.summary import JobSummary
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -85,6 +86,8 @@ class WorkerRuntime:
     locks: LockHolder
     registry: PipelineRegistry
     worker_id: str
+    #: What the process's jobs ended as, per queue, logged every DL_LOG_SUMMARY_SEC.
+    summary: JobSummary
     running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
     #: Set when a job starts whose lease needs beats more often than `beat_period`.
     job_started: asyncio.Event = field(default_factory=asyncio.Event)
