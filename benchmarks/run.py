@@ -361,11 +361,31 @@ async def blocked(b: Bench) -> dict[str, Any]:
     return result
 
 
-async def _http_load(port: int, requests: int, clients: int) -> list[float]:
-    """Keep-alive HTTP/1.1 POSTs from `clients` connections; returns latencies (ms).
+async def _post(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, body: bytes
+) -> bytes:
+    """One keep-alive HTTP/1.1 POST of JSON; returns the answer's body (200 expected).
 
     A bare asyncio client: a full-featured one would spend more CPU than the server measured.
     """
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    writer.write(head + body)
+    status = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    answer = await reader.readexactly(length)
+    if b" 200 " not in status:
+        raise RuntimeError(f"{path} answered {status!r}: {answer[:200]!r}")
+    return answer
+
+
+async def _http_load(port: int, requests: int, clients: int) -> list[float]:
+    """Trigger `requests` jobs from `clients` keep-alive connections; returns latencies (ms)."""
     latencies: list[float] = []
     counter = iter(range(requests))
 
@@ -373,24 +393,10 @@ async def _http_load(port: int, requests: int, clients: int) -> list[float]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             for i in counter:
-                body = json.dumps(
-                    {"queue": "http", "task": "noop", "lock_key": f"http-{i}"}
-                ).encode()
-                head = (
-                    f"POST /api/v1/jobs/trigger HTTP/1.1\r\nHost: bench\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                ).encode()
+                body = json.dumps({"queue": "http", "task": "noop", "lock_key": f"http-{i}"})
                 started = time.perf_counter()
-                writer.write(head + body)
-                status = await reader.readline()
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
+                await _post(reader, writer, "/api/v1/jobs/trigger", body.encode())
                 latencies.append((time.perf_counter() - started) * 1000)
-                if b" 200 " not in status:
-                    raise RuntimeError(f"trigger answered {status!r}")
         finally:
             writer.close()
 
@@ -453,6 +459,203 @@ async def http_trigger(b: Bench) -> dict[str, Any]:
         "requests_per_s": requests / elapsed,
         "p50_ms": percentile(values, 50),
         "p99_ms": percentile(values, 99),
+    }
+
+
+async def _until_drained(b: Bench, timeout: float = 600) -> float:
+    """Wait until no job is queued or running; returns the perf_counter time it was seen.
+    Polled every 20 ms through the claim's indexes (a fraction of a millisecond a probe)."""
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        deadline = time.perf_counter() + timeout
+        while await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM dl_jobs WHERE status IN ('queued', 'running'))"
+        ):
+            if time.perf_counter() > deadline:
+                raise RuntimeError("the drain did not end in time")
+            await asyncio.sleep(0.02)
+        return time.perf_counter()
+    finally:
+        await conn.close()
+
+
+async def _until_listening(b: Bench, processes: int) -> None:
+    """Wait until `processes` worker processes have their LISTEN connection up."""
+    deadline = time.monotonic() + 30
+    while (
+        await b.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
+            " AND application_name = 'dataloader-listener' AND query LIKE 'LISTEN%'",
+            DBNAME,
+        )
+        < processes
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start listening")
+        await asyncio.sleep(0.05)
+
+
+def _serve_in_process(dsn: str, concurrency: int) -> None:
+    """A library user's worker process: `Runner` with the built-in tasks, until terminated."""
+    import dataloader.workers.pipelines.demo  # noqa: F401  (registers demo.noop)
+
+    async def main() -> None:
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            db_dsn=dsn,
+            workers=[WorkerSpec(queue=QUEUE, concurrency=concurrency)],
+            auto_migrate=False,
+        )
+        async with Runner(settings):
+            await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -> dict[str, float]:
+    """Drain `jobs`, enqueued in one transaction once the workers listen, by one worker process
+    of `kind`: `service` (`python -m dataloader` as users run it: default log level, HTTP API)
+    or `library` (a `Runner` in a process of its own). Returns jobs/s and the process's CPU
+    time per job."""
+    await b.fresh_database()
+    workers = json.dumps([{"queue": QUEUE, "concurrency": concurrency}])
+    if kind == "service":
+        service, _ = _start_service(b, {"WORKERS_JSON": workers, "DL_LOG_LEVEL": "INFO"})
+        pid, stop = service.pid, service.terminate
+    else:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_serve_in_process, args=(b.dsn, concurrency)
+        )
+        child.start()
+        assert child.pid is not None
+        pid, stop = child.pid, child.terminate
+    try:
+        await _until_listening(b, 1)
+        async with Runner(b.settings(), run_workers=False) as dl:
+            await dl.client.enqueue_many(jobs)
+        cpu_before, started = _cpu_seconds(pid), time.perf_counter()
+        ended = await _until_drained(b)
+        cpu = _cpu_seconds(pid) - cpu_before
+    finally:
+        stop()
+        await asyncio.to_thread(os.waitpid, pid, 0)
+    return {"jobs_per_s": len(jobs) / (ended - started), "cpu_us_per_job": cpu / len(jobs) * 1e6}
+
+
+@phase("service_drain")
+async def service_drain(b: Bench) -> dict[str, Any]:
+    """The service against the library on the same jobs: `demo.noop` jobs with distinct lock
+    keys enqueued in one transaction, drained at concurrency 10 by `python -m dataloader` (its
+    defaults: INFO logs, the HTTP API) or by a `Runner`, alternating, medians."""
+    n, rounds = b.n(20000), 1 if b.quick else 3
+    jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(n)]
+    runs: dict[str, list[dict[str, float]]] = {"service": [], "library": []}
+    for i in range(rounds):
+        order = ("service", "library") if i % 2 == 0 else ("library", "service")
+        for kind in order:
+            runs[kind].append(await _drain_by(b, kind, jobs, 10))
+    result: dict[str, Any] = {"jobs": n, "concurrency": 10, "rounds": rounds}
+    for kind, values in runs.items():
+        for metric in ("jobs_per_s", "cpu_us_per_job"):
+            result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
+    result["ratio"] = result["service_jobs_per_s"] / result["library_jobs_per_s"]
+    return result
+
+
+@phase("serial_chain")
+async def serial_chain(b: Bench) -> dict[str, Any]:
+    """A serial chain: `demo.noop` jobs of one lock_key, enqueued in one transaction, drained
+    by two worker processes of 4 slots each; each job can start only once the one before it has
+    ended, on whichever process claims it."""
+    n = b.n(1000)
+    context = multiprocessing.get_context("spawn")
+    children = [context.Process(target=_serve_in_process, args=(b.dsn, 4)) for _ in range(2)]
+    for child in children:
+        child.start()
+    try:
+        await _until_listening(b, len(children))
+        async with Runner(b.settings(), run_workers=False) as dl:
+            await dl.client.enqueue_many(
+                [NewJob(queue=QUEUE, task="demo.noop", lock_key="chain") for _ in range(n)]
+            )
+        started = time.perf_counter()
+        ended = await _until_drained(b)
+    finally:
+        for child in children:
+            child.terminate()
+        await asyncio.to_thread(lambda: [child.join() for child in children])
+    shares = await _shares(b)
+    return {
+        "jobs": n,
+        "processes": 2,
+        "slots_each": 4,
+        "jobs_per_s": n / (ended - started),
+        "share_of_busier_process": max(shares) / n,
+        "hand_offs_between_processes": await b.sql(
+            "SELECT count(*) FROM (SELECT worker_id <> lag(worker_id) OVER (ORDER BY started_at)"
+            " AS moved FROM dl_jobs) AS s WHERE moved"
+        ),
+    }
+
+
+async def _shares(b: Bench) -> list[int]:
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        rows = await conn.fetch("SELECT count(*) AS n FROM dl_jobs GROUP BY worker_id")
+        return [int(r["n"]) for r in rows]
+    finally:
+        await conn.close()
+
+
+@phase("http_latency")
+async def http_latency(b: Bench) -> dict[str, Any]:
+    """Enqueue → start through HTTP at idle: one trigger at a time to a service with 10 idle
+    slots, from the moment the client sends the request to the job's `started_at` (the
+    database's clock, on this same host's clock as the client's)."""
+    samples, warmup, interval = b.n(200), 5, 0.02
+    workers = json.dumps([{"queue": QUEUE, "concurrency": 10}])
+    service, port = _start_service(b, {"WORKERS_JSON": workers, "DL_LOG_LEVEL": "INFO"})
+    sent: dict[str, float] = {}
+    try:
+        await _wait_healthy(port)
+        await _until_listening(b, 1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for i in range(warmup + samples):
+                body = json.dumps({"queue": QUEUE, "task": "demo.noop", "lock_key": f"l-{i}"})
+                t0 = time.time()
+                answer = await _post(reader, writer, "/api/v1/jobs/trigger", body.encode())
+                if i >= warmup:
+                    sent[json.loads(answer)["job_id"]] = t0
+                await asyncio.sleep(interval)
+        finally:
+            writer.close()
+        await _until_drained(b)
+    finally:
+        service.terminate()
+        await asyncio.to_thread(service.wait, 30)
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT job_id::text AS id, extract(epoch FROM started_at)::float8 AS started"
+            " FROM dl_jobs WHERE job_id::text = ANY($1)",
+            list(sent),
+        )
+    finally:
+        await conn.close()
+    values = [(r["started"] - sent[r["id"]]) * 1000 for r in rows]
+    return {
+        "samples": len(values),
+        "p50_ms": percentile(values, 50),
+        "p95_ms": percentile(values, 95),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values),
     }
 
 
