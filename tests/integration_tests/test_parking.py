@@ -57,11 +57,18 @@ async def test_a_delayed_job_is_parked_until_due_then_put_back_and_claimed(
     job = await enqueue(service, "k", available_at=timedelta(hours=1))
     assert await parked(conn, job) == "delayed"
     assert await protocol.put_back_due(QUEUE, 10) == (0, pytest.approx(3600, abs=60))
-    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == ClaimRound([], [])
+    # the claim walks nothing, and tells when the parked job is due
+    assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == ClaimRound(
+        [], [], exhausted=True, next_due_in=pytest.approx(3600, abs=60)
+    )
 
     await conn.execute(
         "UPDATE dl_jobs SET available_at = now() - interval '1 second' WHERE job_id = $1", job
     )
+    # due now, and not put back yet: the claim says so (at most 0 seconds), for the claim loop
+    due = (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).next_due_in
+    assert due is not None
+    assert -60 < due <= 0
     assert await protocol.put_back_due(QUEUE, 10) == (1, None)
     assert await parked(conn, job) is None
     assert (await claim_one(protocol)).job_id == job
@@ -201,3 +208,52 @@ async def test_a_delayed_job_runs_once_due_without_waiting_for_the_poll(
         "SELECT started_at >= available_at FROM dl_jobs WHERE job_id = $1", job.job_id
     )
     assert started_after_due
+
+
+async def test_a_claim_says_whether_it_walked_every_job_that_is_not_parked(
+    start_service: StartService,
+) -> None:
+    """A claim that stopped at its walk leaves jobs behind (the claim loop claims again at
+    once); one that walked fewer than its walk saw every job there is to claim."""
+    service, protocol = await producer(start_service)
+    for i in range(3):
+        await enqueue(service, f"k{i}")
+    first = await protocol.claim_round(QUEUE, 2, WORKER, walk=2)
+    assert (len(first.jobs), first.exhausted) == (2, False)
+    second = await protocol.claim_round(QUEUE, 2, WORKER, walk=2)
+    assert (len(second.jobs), second.exhausted) == (1, True)
+
+
+async def test_a_claim_tells_when_a_delayed_job_it_walked_past_is_due(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A job delayed in SQL after it was written (not parked) that a claim walks past: the
+    claim's `next_due_in` counts it, so that the claim loop's timer wakes for it."""
+    _, protocol = await producer(start_service)
+    job = await conn.fetchval(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key)"
+        " VALUES (gen_random_uuid(), $1, 't', 'k') RETURNING job_id",
+        QUEUE,
+    )
+    await conn.execute(
+        "UPDATE dl_jobs SET available_at = now() + interval '90 seconds' WHERE job_id = $1", job
+    )
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert (round_.jobs, len(round_.blocked)) == ([], 1)
+    assert round_.next_due_in == pytest.approx(90, abs=30)
+
+
+async def test_a_delayed_job_inserted_in_sql_is_written_parked(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Migration 0010: an insert by other means than the client parks a job that is not due
+    (no claim has to walk past it first); a due one, or one parked already, stays as written."""
+    await start_service()
+    insert = (
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at, parked)"
+        " VALUES (gen_random_uuid(), $1, 't', $2, now() + $3, $4) RETURNING parked"
+    )
+    hour, due = timedelta(hours=1), timedelta(0)
+    assert await conn.fetchval(insert, QUEUE, "later", hour, None) == "delayed"
+    assert await conn.fetchval(insert, QUEUE, "due", due, None) is None
+    assert await conn.fetchval(insert, QUEUE, "waits", hour, "lock_key") == "lock_key"

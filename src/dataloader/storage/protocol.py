@@ -72,6 +72,11 @@ class ClaimRound:
 
     jobs: list[ClaimedJob]
     blocked: list[uuid.UUID]
+    #: Whether the claim walked every job of the queue that is not parked (fewer than its
+    #: walk): another claim now would find nothing more.
+    exhausted: bool = True
+    #: Seconds until the queue's earliest delayed job is due (≤ 0: one is due now), or None.
+    next_due_in: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +112,19 @@ class WorkerProtocol:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key, out of the first
         `walk` (≥ `limit`) jobs of its claim order that are not parked; those walked that
         cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`)."""
+        walk = max(walk, limit)
         rows = await self.db.fetch(
             *queries.CLAIM_JOBS.bind(
-                queue=queue,
-                limit=limit,
-                walk=max(walk, limit),
-                worker_id=worker_id,
-                claim_seed=uuid.uuid4(),
+                queue=queue, limit=limit, walk=walk, worker_id=worker_id, claim_seed=uuid.uuid4()
             )
         )
-        blocked: list[uuid.UUID] = []
-        if rows and rows[-1]["job_id"] is None:
-            blocked = rows.pop()["blocked"]
-        return ClaimRound(self._claimed(rows), blocked)
+        tail = rows.pop()
+        return ClaimRound(
+            self._claimed(rows),
+            tail["blocked"] or [],
+            exhausted=tail["walked"] < walk,
+            next_due_in=tail["next_due_in"],
+        )
 
     async def park(self, job_ids: Sequence[uuid.UUID]) -> int:
         """Park those of `job_ids` (walked past by a claim) that still cannot run now; how
@@ -164,11 +169,6 @@ class WorkerProtocol:
         `queries.PUT_BACK_STRANDED`); the jobs put back."""
         rows = await self.db.fetch(*queries.PUT_BACK_STRANDED.bind(limit=limit))
         return [r["job_id"] for r in rows]
-
-    async def next_due_in(self, queue: str) -> float | None:
-        """Seconds until the queue's earliest delayed job is due, or None."""
-        value: float | None = await self.db.fetchval(*queries.NEXT_DUE_IN.bind(queue=queue))
-        return value
 
     async def lock_key_holder(self, job: ClaimedJob) -> str | None:
         """Who holds the lock_key `job` could not take (see `queries.LOCK_KEY_HOLDER`), or

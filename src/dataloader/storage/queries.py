@@ -242,13 +242,16 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: write: the md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's
 #: number in the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid()
 #: cost ~13 µs a row here, a tenth of a claim of ten). Records the worker and journals `picked`.
-#: The checkpoint comes back as JSON text, whatever codec the connection has. The jobs walked
-#: that cannot run now (not due, or their lock_key's job running) come back in one more row
-#: (`job_id` NULL, their ids in `blocked`), for PARK_JOBS.
+#: The checkpoint comes back as JSON text, whatever codec the connection has. One more row
+#: (`job_id` NULL) ends the answer: the jobs walked that cannot run now (not due, or their
+#: lock_key's job running) in `blocked`, for PARK_JOBS; how many jobs the claim walked
+#: (`walked` below `walk`: none is left to claim behind them); and in how many seconds the
+#: queue's earliest delayed job is due (`next_due_in`, NULL if none: the claim loop's timer,
+#: and at most 0 when one is due now and waits to be put back by PUT_BACK_DUE).
 CLAIM_JOBS: Final = Statement("""
 WITH walked AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
-           j.available_at > now() AS not_due
+           j.available_at, j.available_at > now() AS not_due
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
     ORDER BY j.priority ASC, j.created_at ASC
@@ -294,11 +297,18 @@ WITH walked AS (
            jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM claimed
 )
-SELECT c.*, NULL::uuid[] AS blocked FROM claimed c
+SELECT c.*, NULL::uuid[] AS blocked, NULL::bigint AS walked, NULL::float8 AS next_due_in
+FROM claimed c
 UNION ALL
+-- the last row: what the claim walked past, how far it walked, and in how many seconds the
+-- queue's earliest delayed job is due (at most 0: one is due now and waits to be put back)
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, array_agg(job_id)
-FROM judged WHERE blocked HAVING count(*) > 0
+       NULL, NULL, NULL, NULL, array_agg(job_id) FILTER (WHERE blocked), count(*),
+       EXTRACT(EPOCH FROM LEAST(
+           (SELECT min(d.available_at) FROM dl_jobs d
+            WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'),
+           min(available_at) FILTER (WHERE not_due)) - now())::float8
+FROM judged
 ORDER BY priority, created_at
 """)
 
@@ -395,11 +405,6 @@ SELECT job_id, pg_notify('dl_jobs', queue) IS NULL AS woken FROM put_back
 """)
 
 #: Seconds until the earliest delayed job of `queue` becomes due (NULL: none).
-NEXT_DUE_IN: Final = Statement("""
-SELECT EXTRACT(EPOCH FROM min(available_at) - now())::float8 AS seconds
-FROM dl_jobs WHERE status = 'queued' AND queue = :queue AND available_at > now()
-""")
-
 #: Who holds the lock_key of a claimed job (`job_id`) that could not take it: `none` (the
 #: holder ended meanwhile), `running job` (a running job of the same hash: claims skip the key
 #: while it runs, and its end wakes the waiters), or `outside dataloader` (another service

@@ -47,9 +47,9 @@ MAX_ERROR_CHARS = 4000
 #: The most jobs one claim walks (locking each) after the last one parked some: a run of
 #: 50,000 jobs of a running lock_key is parked in about ten claims.
 MAX_WALK = 10_000
-#: How often a busy queue puts back its delayed jobs that have come due (an idle queue does at
-#: once, woken at the earliest one's time): the longest a due job waits behind a busy queue.
-DUE_CHECK_SEC = 1.0
+#: How long to wait before putting back again delayed jobs that are due but were not put back
+#: (held by another session meanwhile), instead of trying again at once.
+DUE_RETRY_SEC = 1.0
 #: Delayed jobs come due put back per statement.
 PUT_BACK_BATCH = 1000
 
@@ -78,8 +78,9 @@ class QueueWorker:
         self.claims_answered = 0
         #: How many jobs the next claim walks at least (see MAX_WALK).
         self._walk = 0
-        #: When (monotonic) to look for delayed jobs come due again (see `_put_back_due`).
-        self._due_check_at = 0.0
+        #: When (monotonic) the queue's earliest delayed job is due, as the last claim saw it
+        #: (infinity: none; see `_put_back_due`).
+        self._due_at = 0.0
 
     @property
     def busy(self) -> int:
@@ -116,42 +117,43 @@ class QueueWorker:
                 )
                 self.claims_answered += 1
                 jobs = claim.jobs
+                self._due_at = _due_at(claim_started, claim.next_due_in)
+                if put_back == 0 and self._due_at <= claim_started:
+                    self._due_at = claim_started + DUE_RETRY_SEC  # held elsewhere: not a spin
                 parked = await self._rt.protocol.park(claim.blocked) if claim.blocked else 0
                 # Jobs that could not run were parked: the next claim walks further, so that
                 # a long run of them is parked in a few claims, not one slot's worth each.
                 self._walk = min(max(self._walk, free) * 4, MAX_WALK) if parked else 0
-                moved = jobs or parked or put_back
-                if moved or self._jobs or self._outcomes_pending():
+                if jobs or parked or put_back or self._jobs or self._outcomes_pending():
                     self.idle.clear()
                 else:
                     self.idle_claim_started = claim_started
                     self.idle.set()
                 if jobs:
                     await self._start(jobs)
-                if moved:
-                    # There may be more: a batch also comes back short when several of its
-                    # candidates shared a lock_key or were parked, and delayed jobs put back
-                    # are claimable now; nothing would wake us for them.
+                if parked or put_back or self._due_at <= claim_started or not claim.exhausted:
+                    # There may be more: jobs parked or put back leave others claimable, a
+                    # delayed job is due, or the claim stopped at its walk (a batch comes back
+                    # short when several candidates share a lock_key); nothing would wake us
+                    # for them. A claim that walked every job needs no second look: whatever
+                    # changes after it (a new job, a freed lock_key, a retry) wakes the queue.
                     continue
-                timeout = await self._idle_timeout()
+                timeout = self._idle_timeout()
             except Exception as exc:  # the loop must outlive any database trouble
                 log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
                 timeout = jittered(min(settings.poll_interval_sec, 1.0))
+                self._due_at = 0.0  # unknown: look again
             await wait_any(self._wakeup, stopping, timeout=timeout)
-            self._due_check_at = 0.0  # woken: by a delayed job's time, perhaps
 
-    async def _put_back_due(self, now: float) -> int:
-        """Put back the queue's delayed jobs that have come due, when one may have: checked
-        after each idle wait, and every DUE_CHECK_SEC (or sooner, when one is due sooner)
-        while the queue keeps its slots busy."""
-        if now < self._due_check_at:
-            return 0
+    async def _put_back_due(self, now: float) -> int | None:
+        """Put back the queue's delayed jobs that have come due, when the last claim said one
+        is (each claim tells when the earliest is due: no statement runs for nothing); how
+        many, or None when none was due."""
+        if now < self._due_at:
+            return None
         put_back, due_in = await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
-        if put_back >= PUT_BACK_BATCH:  # more may be due already
-            wait = 0.0
-        else:
-            wait = DUE_CHECK_SEC if due_in is None else max(0.0, min(DUE_CHECK_SEC, due_in))
-        self._due_check_at = now + wait
+        # more may be due already when a whole batch was put back
+        self._due_at = now if put_back >= PUT_BACK_BATCH else _due_at(now, due_in)
         return put_back
 
     def _outcomes_pending(self) -> bool:
@@ -159,11 +161,10 @@ class QueueWorker:
         failure written later may make it ready again (the write wakes this queue)."""
         return any(r.job.queue == self.queue for r in self._rt.running.values())
 
-    async def _idle_timeout(self) -> float:
+    def _idle_timeout(self) -> float:
         """Sleep until the safety poll or the earliest delayed job, whichever comes first."""
         poll = jittered(self._rt.settings.poll_interval_sec)
-        due = await self._rt.protocol.next_due_in(self.queue)
-        return poll if due is None else max(0.0, min(poll, due + 0.001))
+        return max(0.0, min(poll, self._due_at - time.monotonic() + 0.001))
 
     async def _start(self, jobs: list[ClaimedJob]) -> None:
         """Lock each job's key; run those locked, back off the others."""
@@ -250,6 +251,11 @@ class QueueWorker:
         await asyncio.wait([task])
         duration_ms = round((time.monotonic() - started) * 1000)
         return _outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
+
+
+def _due_at(now: float, due_in: float | None) -> float:
+    """When (monotonic) a job due in `due_in` seconds (None: no job) is due."""
+    return float("inf") if due_in is None else now + due_in
 
 
 async def _within(coro: Coroutine[Any, Any, object], timeout: float) -> object:
