@@ -34,6 +34,10 @@ from dataloader.storage.embedded import get_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+#: The shared side-by-side harness and pgqueuer's virtual environment (benchmarks/peers.sh
+#: builds it): when both are there, `service_drain` runs pgqueuer out of the box beside us.
+HARNESS = Path(os.environ.get("BENCH_HARNESS", ROOT.parent / "shared" / "bench"))
+PEER_PYTHON = Path(os.environ.get("VENVS", "/tmp/bench-venvs")) / "pgqueuer" / "bin" / "python"
 DBNAME = "dl_bench"
 QUEUE = "bench"
 
@@ -417,7 +421,8 @@ def _start_service(b: Bench, env: dict[str, str]) -> tuple[subprocess.Popen[byte
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DL_")}
-    full_env.update({"DL_DB_DSN": b.dsn, "DL_HTTP_PORT": str(port), "DL_LOG_LEVEL": "WARNING"})
+    # the service as users run it: its defaults (INFO logs) unless `env` says otherwise
+    full_env.update({"DL_DB_DSN": b.dsn, "DL_HTTP_PORT": str(port)})
     full_env.update(env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataloader"],
@@ -532,7 +537,7 @@ async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -
     await b.fresh_database()
     workers = json.dumps([{"queue": QUEUE, "concurrency": concurrency}])
     if kind == "service":
-        service, _ = _start_service(b, {"WORKERS_JSON": workers, "DL_LOG_LEVEL": "INFO"})
+        service, _ = _start_service(b, {"WORKERS_JSON": workers})
         pid, stop = service.pid, service.terminate
     else:
         child = multiprocessing.get_context("spawn").Process(
@@ -554,23 +559,49 @@ async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -
     return {"jobs_per_s": len(jobs) / (ended - started), "cpu_us_per_job": cpu / len(jobs) * 1e6}
 
 
+async def _peer_drain(b: Bench, n: int) -> dict[str, float]:
+    """pgqueuer out of the box (the harness's `pgqueuer_defaults`: batch 10, no concurrency
+    cap) draining `n` jobs, timed by the harness around its worker's whole run."""
+    command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", "pgqueuer_defaults"]
+    command += ["--dsn", b.admin_dsn, "--n", str(n), "--phases", "drain"]
+    out = await asyncio.to_thread(
+        subprocess.run,
+        command,
+        cwd=HARNESS,
+        capture_output=True,
+        check=True,
+    )
+    return {"jobs_per_s": float(json.loads(out.stdout)["drain_jobs_per_s"])}
+
+
 @phase("service_drain")
 async def service_drain(b: Bench) -> dict[str, Any]:
     """The service against the library on the same jobs: `demo.noop` jobs with distinct lock
     keys enqueued in one transaction, drained at concurrency 10 by `python -m dataloader` (its
-    defaults: INFO logs, the HTTP API) or by a `Runner`, alternating, medians."""
+    defaults: INFO logs, the HTTP API) or by a `Runner`; and pgqueuer out of the box when the
+    shared harness is there. In rounds that rotate the order; medians."""
     n, rounds = b.n(20000), 1 if b.quick else 3
     jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(n)]
-    runs: dict[str, list[dict[str, float]]] = {"service": [], "library": []}
+    kinds: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
+        "service": lambda: _drain_by(b, "service", jobs, 10),
+        "library": lambda: _drain_by(b, "library", jobs, 10),
+    }
+    if PEER_PYTHON.exists() and (HARNESS / "run.py").exists():
+        kinds["pgqueuer_defaults"] = lambda: _peer_drain(b, n)
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    names = list(kinds)
     for i in range(rounds):
-        order = ("service", "library") if i % 2 == 0 else ("library", "service")
-        for kind in order:
-            runs[kind].append(await _drain_by(b, kind, jobs, 10))
+        for kind in names[i % len(names) :] + names[: i % len(names)]:
+            runs[kind].append(await kinds[kind]())
     result: dict[str, Any] = {"jobs": n, "concurrency": 10, "rounds": rounds}
     for kind, values in runs.items():
-        for metric in ("jobs_per_s", "cpu_us_per_job"):
+        for metric in values[0]:
             result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
     result["ratio"] = result["service_jobs_per_s"] / result["library_jobs_per_s"]
+    if "pgqueuer_defaults" in runs:
+        result["service_vs_pgqueuer_defaults"] = (
+            result["service_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
+        )
     return result
 
 
@@ -626,7 +657,7 @@ async def http_latency(b: Bench) -> dict[str, Any]:
     database's clock, on this same host's clock as the client's)."""
     samples, warmup, interval = b.n(200), 5, 0.02
     workers = json.dumps([{"queue": QUEUE, "concurrency": 10}])
-    service, port = _start_service(b, {"WORKERS_JSON": workers, "DL_LOG_LEVEL": "INFO"})
+    service, port = _start_service(b, {"WORKERS_JSON": workers})
     sent: dict[str, float] = {}
     try:
         await _wait_healthy(port)

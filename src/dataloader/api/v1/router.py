@@ -23,7 +23,8 @@ router = APIRouter(
 )
 
 
-def get_service(request: Request) -> JobsService:
+async def get_service(request: Request) -> JobsService:
+    # async: FastAPI runs a plain function dependency in a thread, a hop per request
     service: JobsService = request.app.state.jobs_service
     return service
 
