@@ -257,3 +257,23 @@ async def test_a_delayed_job_inserted_in_sql_is_written_parked(
     assert await conn.fetchval(insert, QUEUE, "later", hour, None) == "delayed"
     assert await conn.fetchval(insert, QUEUE, "due", due, None) is None
     assert await conn.fetchval(insert, QUEUE, "waits", hour, "lock_key") == "lock_key"
+
+
+async def test_the_other_jobs_of_a_running_key_are_parked_with_those_a_claim_walked_past(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A claim walks two jobs of a running key; the park takes the rest of that key's due
+    jobs with them (no claim has to walk each one first), but not a job of another key, nor a
+    job of the key that is not due (parked `delayed` when a claim meets it)."""
+    service, protocol = await producer(start_service)
+    running = await enqueue(service, "hot")
+    waiting = [await enqueue(service, "hot") for _ in range(5)]
+    later = await enqueue(service, "hot", available_at=timedelta(hours=1))
+    other = await enqueue(service, "cold")
+    assert (await claim_one(protocol)).job_id == running
+
+    round_ = await protocol.claim_round(QUEUE, 1, WORKER, walk=2)
+    assert sorted(round_.blocked) == sorted(waiting[:2])
+    assert await protocol.park(round_.blocked) == 5
+    assert [await parked(conn, j) for j in waiting] == ["lock_key"] * 5
+    assert (await parked(conn, later), await parked(conn, other)) == ("delayed", None)

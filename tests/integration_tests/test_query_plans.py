@@ -46,7 +46,7 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
         job_ids=[uuid.uuid4()], claim_tokens=[uuid.uuid4()], journal=[True], worker_id="w"
     ),
     "set_progress": queries.SET_PROGRESS.bind(**_ids(), progress="{}"),
-    "park_jobs": queries.PARK_JOBS.bind(job_ids=[uuid.uuid4()]),
+    "park_jobs": queries.PARK_JOBS.bind(job_ids=[uuid.uuid4()], siblings=10),
     "set_checkpoint": queries.SET_CHECKPOINT.bind(**_ids(), checkpoint="{}"),
     "apply_transitions": _apply_args(),
     "job_facts": queries.JOB_FACTS.bind(job_id=uuid.uuid4()),

@@ -316,8 +316,12 @@ ORDER BY priority, created_at
 #: parked `delayed`; one whose lock_key hash is running is parked `lock_key`, but only if its
 #: running job could be share-locked (`FOR SHARE SKIP LOCKED` reads it as it is now): a job
 #: leaving `running` meanwhile may already have looked for the next job of its key to put
-#: back (APPLY_TRANSITIONS), and that job must not be parked after it looked. Returns how many
-#: were parked.
+#: back (APPLY_TRANSITIONS), and that job must not be parked after it looked (while the share
+#: lock is held, that job's end skips its row and is written again later, when it sees what
+#: this statement parked). The other queued jobs of such a busy hash are parked with them, up to
+#: `siblings` per hash (by ix_dl_jobs_queued_lock_hash): a long run of jobs of one running key
+#: is parked without claims walking, and locking, each of them first. Returns how many were
+#: parked.
 PARK_JOBS: Final = Statement("""
 WITH walked AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.available_at > now() AS not_due
@@ -330,14 +334,28 @@ WITH walked AS (
     CROSS JOIN LATERAL (
         SELECT 1 FROM dl_jobs r
         WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = g.lock_hash
+        LIMIT 1
         FOR SHARE OF r SKIP LOCKED
     ) AS held
+), siblings AS (
+    SELECT s.job_id
+    FROM busy_keys b
+    CROSS JOIN LATERAL (
+        SELECT q.job_id FROM dl_jobs q
+        WHERE q.status = 'queued' AND hashtext(q.lock_key) = b.lock_hash AND q.parked IS NULL
+          AND (q.available_at <= now()) IS TRUE  -- one not due is parked `delayed` when walked
+        LIMIT :siblings
+        FOR UPDATE OF q SKIP LOCKED
+    ) AS s
+), chosen AS (
+    SELECT job_id, CASE WHEN not_due THEN 'delayed' ELSE 'lock_key' END AS why FROM walked
+    WHERE not_due OR lock_hash IN (SELECT lock_hash FROM busy_keys)
+    UNION
+    SELECT job_id, 'lock_key' FROM siblings
 ), parked AS (
-    UPDATE dl_jobs j
-    SET parked = CASE WHEN w.not_due THEN 'delayed' ELSE 'lock_key' END
-    FROM walked w
-    WHERE j.job_id = w.job_id
-      AND (w.not_due OR w.lock_hash IN (SELECT lock_hash FROM busy_keys))
+    UPDATE dl_jobs j SET parked = c.why
+    FROM chosen c
+    WHERE j.job_id = c.job_id
     RETURNING j.job_id
 )
 SELECT count(*) FROM parked
