@@ -130,3 +130,22 @@ async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: st
         await conn.close()
     assert "'Index Name': 'ix_dl_jobs_queued_lock_hash'" in plan
     assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
+
+
+async def test_the_job_put_back_is_written_by_its_primary_key(db_dsn: str) -> None:
+    """Statistics taken while the table was empty (a new database, a chain of jobs of one key
+    enqueued at once): putting back the next job of a freed key must find it by its primary
+    key, not walk the queue's queued jobs through the spec's claim index."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE dl_jobs")
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, parked) "
+            "SELECT gen_random_uuid(), 'q', 't', 'chain', 'lock_key'"
+            " FROM generate_series(1, 1000) i"
+        )
+        plan = await plan_of(conn, *_apply_args())
+    finally:
+        await conn.close()
+    assert "'Index Name': 'ix_dl_jobs_claim'" not in plan

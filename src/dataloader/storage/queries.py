@@ -638,10 +638,12 @@ WITH u AS (
     ) AS w
     WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
 ), put_back AS (
-    -- it goes back into the claim's order, if it was parked
+    -- it goes back into the claim's order, if it was parked (by its primary key: a status
+    -- test an index could serve let stale statistics send this through the spec's claim
+    -- index, reading every queued job of the queue)
     UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
-    WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status = 'queued'
+    WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status::text = 'queued'
       AND q.job_id NOT IN (SELECT job_id FROM upd)
 ), woken AS (
     SELECT n.job_id,
