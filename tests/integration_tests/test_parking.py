@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from dataloader.core.retry import Linear
-from dataloader.core.transitions import Ended, Outcome
+from dataloader.core.transitions import Ended, Outcome, after_attempt
 from dataloader.storage.protocol import ClaimedJob, ClaimRound, WorkerProtocol
 from dataloader.workers.reaper import Reaper
 
@@ -277,3 +277,67 @@ async def test_the_other_jobs_of_a_running_key_are_parked_with_those_a_claim_wal
     assert await protocol.park(round_.blocked) == 5
     assert [await parked(conn, j) for j in waiting] == ["lock_key"] * 5
     assert (await parked(conn, later), await parked(conn, other)) == ("delayed", None)
+
+
+async def hand_off(protocol: WorkerProtocol, claimed: ClaimedJob) -> ClaimedJob | None:
+    """Write the success of `claimed`, asking for the next job of its key (a kept slot)."""
+    facts = claimed.facts()
+    transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    applied = await protocol.finish(
+        [(claimed, facts, transition)], WORKER, hand_off=[claimed.job_id]
+    )
+    assert applied[claimed.job_id].state == "written"
+    return protocol.handed_job(applied[claimed.job_id])
+
+
+async def test_a_worker_keeping_a_slot_is_handed_the_next_job_of_the_key_it_frees(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The end of a job claims the next job of its key for the same worker, as a claim would:
+    running, a new claim token, its attempt counted and journalled `picked`; no claim runs
+    between the jobs of a serial chain. The job after it stays where it was."""
+    service, protocol = await producer(start_service)
+    first, second, third = [await enqueue(service, "chain") for _ in range(3)]
+    running = await claim_one(protocol)
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert await protocol.park(round_.blocked) == 2
+
+    handed = await hand_off(protocol, running)
+    assert handed is not None
+    assert (handed.job_id, handed.attempt, handed.lock_key) == (second, 1, "chain")
+    assert handed.claim_token not in (None, running.claim_token)
+    row = await conn.fetchrow(
+        "SELECT status::text, parked, worker_id, claim_token, attempt FROM dl_jobs"
+        " WHERE job_id = $1",
+        second,
+    )
+    assert tuple(row) == ("running", None, WORKER, handed.claim_token, 1)
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM dl_job_events WHERE job_id = $1 AND kind = 'picked'", second
+        )
+        == 1
+    )
+    assert await parked(conn, third) == "lock_key"
+    # the handed job is a claim like any other: its outcome is fenced on its token
+    assert await finish_claimed(protocol, handed, Outcome(Ended.SUCCEEDED), WORKER) is not None
+    assert await parked(conn, third) is None
+    assert first == running.job_id
+
+
+async def test_a_next_job_of_another_queue_is_put_back_not_handed(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The worker serves the finished job's queue, not necessarily the next job's: that one is
+    put back (and its queue woken), as without a kept slot."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "shared")
+    elsewhere = await service.dl.enqueue("demo.noop", queue="other", lock_key="shared")
+    await conn.execute("UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = $1", elsewhere.job_id)
+    running = await claim_one(protocol)
+    assert await hand_off(protocol, running) is None
+    assert await parked(conn, elsewhere.job_id) is None
+    assert (
+        await conn.fetchval("SELECT status::text FROM dl_jobs WHERE job_id = $1", elsewhere.job_id)
+        == "queued"
+    )

@@ -31,7 +31,12 @@ def _apply_args() -> tuple[Any, ...]:
     transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
     arrays = parameters_of([(fence, transition)])
     return queries.APPLY_TRANSITIONS.bind(
-        **arrays, actor_role="worker", actor="w", wakes_own_queue=True
+        **arrays,
+        actor_role="worker",
+        actor="w",
+        wakes_own_queue=True,
+        hand_off=[fence.job_id],
+        claim_seed=uuid.uuid4(),
     )
 
 

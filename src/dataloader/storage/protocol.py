@@ -226,15 +226,47 @@ class WorkerProtocol:
         return value
 
     async def finish(
-        self, outcomes: Sequence[tuple[ClaimedJob, JobFacts, Transition]], worker_id: str
+        self,
+        outcomes: Sequence[tuple[ClaimedJob, JobFacts, Transition]],
+        worker_id: str,
+        hand_off: Sequence[uuid.UUID] = (),
     ) -> dict[uuid.UUID, Applied]:
-        """Write the decided outcomes of claimed jobs (facts: what each was decided on)."""
+        """Write the decided outcomes of claimed jobs (facts: what each was decided on). The
+        next job of a lock_key freed by a job named in `hand_off` is claimed for `worker_id`
+        when it is of the same queue: `handed_job` reads it from the finished job's answer."""
         return await apply_transitions(
             self.db.fetch,
             [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes],
             actor_role="worker",
             actor=worker_id,
             wakes_own_queue=True,
+            hand_off=hand_off,
+        )
+
+    @staticmethod
+    def handed_job(applied: Applied) -> ClaimedJob | None:
+        """The job claimed for the worker by the write of `applied` (see `finish`), if any."""
+        h = applied.handed
+        if h is None:
+            return None
+        return ClaimedJob(
+            job_id=uuid.UUID(h["job_id"]),
+            queue=h["queue"],
+            task=h["task"],
+            args=h["args"],
+            lock_key=h["lock_key"],
+            lock_hash=h["lock_hash"],
+            partition_key=h["partition_key"],
+            priority=h["priority"],
+            attempt=h["attempt"],
+            max_attempts=h["max_attempts"],
+            lease_ttl_sec=h["lease_ttl_sec"],
+            cancel_requested=h["cancel_requested"],
+            claim_seq=h["claim_seq"],
+            claim_token=uuid.UUID(h["claim_token"]),
+            handbacks=h["handbacks"],
+            rerun_requested=h["rerun_requested"],
+            checkpoint=h["checkpoint"],
         )
 
     async def expired(self, limit: int) -> list[ExpiredJob]:

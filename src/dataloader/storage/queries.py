@@ -509,6 +509,10 @@ RETURNING cancel_requested
 #: A job leaving `running` wakes the next job waiting for its lock_key's hash (migration 0006),
 #: on whichever replica serves its queue; with `wakes_own_queue` (a worker, which serves the
 #: job's queue) a waiter of the same queue is not notified: the caller wakes its queue itself.
+#: A worker that keeps a free slot for the next job of a key it frees names the finished job in
+#: `hand_off`: that next job, if it is of the same queue, is claimed for it by this statement
+#: (`:actor` is the worker; tokens from `claim_seed`) and comes back, as CLAIM_JOBS returns a
+#: job, in the finished job's `handed` (JSON).
 #: The journal entry records the attempt that ended, `actor_role: actor` and the transition's
 #: detail (JSON text).
 #: What varies per job (id, claim token, result, duration) comes one element per job; the rest
@@ -624,7 +628,9 @@ WITH u AS (
 ), next_up AS (
     -- the next due job of each lock_key hash freed: by a job leaving `running`, or a queued
     -- job ending (it may have been the one its key's parked jobs waited behind)
-    SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked
+    SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked,
+           u.expect_status = 'running' AND u.status::text <> 'running' AND w.queue = u.queue
+               AND u.job_id = ANY(:hand_off::uuid[]) AS handed_off
     FROM upd u
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
@@ -644,7 +650,32 @@ WITH u AS (
     UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
     WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status::text = 'queued'
+      AND NOT n.handed_off AND q.job_id NOT IN (SELECT job_id FROM upd)
+), handed AS (
+    -- or, when it is of the same queue and the worker writing the end keeps a slot for it
+    -- (`hand_off`), it is claimed for that worker here, as CLAIM_JOBS would claim it: the jobs
+    -- of a serial chain follow each other without a claim or a wake-up between them
+    UPDATE dl_jobs q
+    SET status = 'running',
+        parked = NULL,
+        started_at = COALESCE(q.started_at, now()),
+        attempt = q.attempt + 1,
+        claim_seq = q.claim_seq + 1,
+        claim_token = md5(:claim_seed::uuid::text || '/' || q.job_id::text)::uuid,
+        worker_id = :actor,
+        lease_expires_at = now() + make_interval(secs => q.lease_ttl_sec),
+        heartbeat_at = now()
+    FROM next_up n
+    WHERE q.job_id = n.next_id AND n.handed_off AND q.status::text = 'queued'
       AND q.job_id NOT IN (SELECT job_id FROM upd)
+    RETURNING n.job_id AS after, q.job_id, q.queue, q.task, q.args, q.lock_key,
+              hashtext(q.lock_key) AS lock_hash, q.partition_key, q.priority, q.attempt,
+              q.max_attempts, q.lease_ttl_sec, q.cancel_requested, q.claim_seq, q.claim_token,
+              q.handbacks, q.rerun_requested, q.checkpoint
+), handed_ev AS (
+    INSERT INTO dl_job_events (job_id, queue, kind, payload)
+    SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', :actor::text)
+    FROM handed
 ), woken AS (
     SELECT n.job_id,
            dl_lock_waiter_found(u.job_id, u.lock_key,
@@ -655,15 +686,16 @@ WITH u AS (
 )
 SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
-       NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested
+       NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested,
+       (SELECT (to_jsonb(h) - 'after')::text FROM handed h WHERE h.after = u.job_id) AS handed
 FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
 WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
 UNION ALL
 SELECT m.job_id, 'changed', false, m.row_status, m.row_attempt, m.max_attempts,
-       m.row_handbacks, m.row_cancel, m.row_rerun
+       m.row_handbacks, m.row_cancel, m.row_rerun, NULL
 FROM mine m WHERE NOT m.fenced
 UNION ALL
-SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 """)
 

@@ -46,6 +46,13 @@ class Applied:
     collision: bool = False
     #: changed: the row's facts now.
     facts: JobFacts | None = None
+    #: written: the next job of the freed lock_key, claimed for the caller (`hand_off`), as
+    #: the database wrote it (see `WorkerProtocol.finish`).
+    handed: dict[str, Any] | None = None
+
+
+#: The claim seed of a statement that hands nothing off (any value would do).
+NO_SEED: Final = uuid.UUID(int=0)
 
 
 async def apply_transitions(
@@ -55,9 +62,11 @@ async def apply_transitions(
     actor_role: str,
     actor: str,
     wakes_own_queue: bool = False,
+    hand_off: Sequence[uuid.UUID] = (),
 ) -> dict[uuid.UUID, Applied]:
     """Write each transition whose fence holds; a job missing from the answer no longer
-    matches its fence (it is not the caller's any more)."""
+    matches its fence (it is not the caller's any more). The next job of a lock_key freed by
+    a job named in `hand_off` is claimed for `actor` when it is of the same queue."""
     if not items:
         return {}
     rows = await fetch(
@@ -66,6 +75,8 @@ async def apply_transitions(
             actor_role=actor_role,
             actor=actor,
             wakes_own_queue=wakes_own_queue,
+            hand_off=list(hand_off),
+            claim_seed=uuid.uuid4() if hand_off else NO_SEED,
         )
     )
     return {row["job_id"]: _applied(row) for row in rows}
@@ -169,7 +180,8 @@ def _storable(value: Any) -> Any:
 
 def _applied(row: Record) -> Applied:
     if row["state"] != "changed":
-        return Applied(row["state"], row["collision"])
+        handed = None if row["handed"] is None else json.loads(row["handed"])
+        return Applied(row["state"], row["collision"], handed=handed)
     return Applied("changed", facts=facts_of(row))
 
 

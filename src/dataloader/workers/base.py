@@ -67,6 +67,11 @@ class QueueWorker:
         self._wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
+        #: Slots kept for jobs the completer may be handed (the next job of a key it frees),
+        #: and slots a claim in flight may fill: neither may be promised twice.
+        self._kept = 0
+        self._claiming = 0
+        self._stopping: asyncio.Event | None = None
         #: Set while the last claim found nothing, no job of this queue runs and none waits
         #: for its outcome to be written.
         self.idle = asyncio.Event()
@@ -91,6 +96,43 @@ class QueueWorker:
     def job_tasks(self) -> set[asyncio.Task[None]]:
         return set(self._jobs)
 
+    def keep_slot(self) -> bool:
+        """Keep a free slot for a job an outcome's write may claim for this worker (see
+        `Completer`); False when none is free or the worker stops claiming."""
+        if self._stopping is None or self._stopping.is_set():
+            return False
+        if len(self._jobs) + self._kept + self._claiming >= self.concurrency:
+            return False
+        self._kept += 1
+        return True
+
+    def release_slot(self) -> None:
+        """Give back a slot kept by `keep_slot`."""
+        self._kept -= 1
+        self._slot_freed.set()
+
+    def take_handed(self, job: ClaimedJob) -> None:
+        """Run a job claimed for this worker by an outcome's write (its slot was kept). Its
+        key was let go just before that write: it is locked again first, like a claimed job's."""
+        self.idle.clear()
+        task = asyncio.create_task(self._run_handed(job), name=f"dataloader-job-{job.job_id}")
+        self._jobs.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _run_handed(self, job: ClaimedJob) -> None:
+        if self._stopping is not None and self._stopping.is_set():
+            await self._backoff(job, 0.0, "the worker is stopping")
+            return
+        try:
+            locked = job.lock_hash in await self._rt.locks.try_lock([job.lock_hash])
+        except Exception as exc:
+            await self._backoff(job, 0.0, f"the job could not be locked ({exc!r})")
+            return
+        if locked:
+            await self._execute(job)
+        else:
+            await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
+
     def wake(self) -> None:
         """Something may be ready (notification, poll, a finished job freeing a lock_key)."""
         self._wakeup.set()
@@ -98,8 +140,9 @@ class QueueWorker:
     async def run(self, stopping: asyncio.Event) -> None:
         """Claim and start jobs until `stopping` is set."""
         settings = self._rt.settings
+        self._stopping = stopping
         while not stopping.is_set():
-            free = self.concurrency - len(self._jobs)
+            free = self.concurrency - len(self._jobs) - self._kept
             if free <= 0:
                 self._slot_freed.clear()
                 await wait_any(self._slot_freed, stopping)
@@ -112,11 +155,13 @@ class QueueWorker:
                 claim_started = time.monotonic()
                 put_back = await self._put_back_due(claim_started)
                 self.claims_started += 1
+                self._claiming = free  # until the jobs claimed have their slots
                 claim = await self._rt.protocol.claim_round(
                     self.queue, free, self._rt.worker_id, walk=max(free, self._walk)
                 )
                 self.claims_answered += 1
                 jobs = claim.jobs
+                self._claiming = len(jobs)
                 self._due_at = _due_at(claim_started, claim.next_due_in)
                 if put_back == 0 and self._due_at <= claim_started:
                     self._due_at = claim_started + DUE_RETRY_SEC  # held elsewhere: not a spin
@@ -131,6 +176,7 @@ class QueueWorker:
                     self.idle.set()
                 if jobs:
                     await self._start(jobs)
+                self._claiming = 0
                 if parked or put_back or self._due_at <= claim_started or not claim.exhausted:
                     # There may be more: jobs parked or put back leave others claimable, a
                     # delayed job is due, or the claim stopped at its walk (a batch comes back
@@ -140,6 +186,7 @@ class QueueWorker:
                     continue
                 timeout = self._idle_timeout()
             except Exception as exc:  # the loop must outlive any database trouble
+                self._claiming = 0
                 log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
                 timeout = jittered(min(settings.poll_interval_sec, 1.0))
                 self._due_at = 0.0  # unknown: look again

@@ -35,12 +35,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,28 @@ class _Pending:
     facts: JobFacts
     #: Failed writes that were not a lost connection (a bug, a constraint): bounded.
     errors: int = 0
+    #: Its write made nothing claimable: the job ended for good, and the next job of its key
+    #: was handed to this worker. Its queue need not be woken.
+    quiet: bool = False
+
+
+#: Outcomes whose end may hand the next job of their lock_key to this worker: the job held its
+#: lock and let it go (a job backed off never had it; one handed back may have lost it).
+HANDS_OFF = frozenset({Ended.SUCCEEDED, Ended.FAILED, Ended.CANCELED})
+
+
+class SlotKeeper(Protocol):
+    """The queue workers, as the completer sees them: a free slot of a queue can be kept for
+    the next job of a lock_key an outcome frees, which the outcome's write then claims."""
+
+    def keep_slot(self, queue: str) -> bool:
+        """Keep a free slot of `queue` (False: none is free, or the queue is not served)."""
+
+    def release_slot(self, queue: str) -> None:
+        """Give a kept slot back (the job, if one was handed, has a slot of its own now)."""
+
+    def take_handed(self, job: ClaimedJob) -> None:
+        """Run a job claimed for this worker by an outcome's write, in the slot kept for it."""
 
 
 class Completer:
@@ -77,10 +100,12 @@ class Completer:
         self,
         runtime: WorkerRuntime,
         on_written: Callable[[str], None],
+        slots: SlotKeeper | None = None,
         max_pending: int = MAX_PENDING,
     ) -> None:
         self._rt = runtime
         self._on_written = on_written
+        self._slots = slots
         self._max_pending = max_pending
         self._default_retry: RetryPolicy = Linear(runtime.settings.retry_base_sec)
         self._queue: list[_Pending] = []
@@ -123,7 +148,8 @@ class Completer:
                 log.error("writing %d outcome(s) failed", len(batch), exc_info=exc)
                 failed = batch
             retried = set(map(id, failed))
-            for queue in {p.running.job.queue for p in batch if id(p) not in retried}:
+            woken = {p.running.job.queue for p in batch if id(p) not in retried and not p.quiet}
+            for queue in woken:
                 self._on_written(queue)  # a job waiting on a freed lock_key may be claimable
             failed = [p for p in failed if not self._give_up(p)]
             if not failed:
@@ -202,9 +228,17 @@ class Completer:
         """Decide each outcome on its facts and write them all; returns the outcomes of jobs
         that changed (with the row's facts now, to decide again) and those of busy rows."""
         decided = [(p, self._decide(p)) for p in todo]
-        applied = await self._rt.protocol.finish(
-            [(p.running.job, p.facts, t) for p, t in decided], self._rt.worker_id
-        )
+        kept = self._keep_slots(todo)
+        try:
+            applied = await self._rt.protocol.finish(
+                [(p.running.job, p.facts, t) for p, t in decided],
+                self._rt.worker_id,
+                hand_off=[p.running.job.job_id for p in kept],
+            )
+        finally:
+            for p in kept:  # no await from here until the handed jobs have slots of their own
+                assert self._slots is not None
+                self._slots.release_slot(p.running.job.queue)
         changed: list[_Pending] = []
         busy: list[_Pending] = []
         for p, transition in decided:
@@ -212,6 +246,11 @@ class Completer:
             if found is None:
                 self._written(p, None)
             elif found.state == "written":
+                handed = self._rt.protocol.handed_job(found)
+                if handed is not None:
+                    assert self._slots is not None
+                    self._slots.take_handed(handed)
+                    p.quiet = transition.finished
                 self._written(p, transition, found.collision)
             elif found.state == "changed" and found.facts is not None:
                 p.facts = found.facts
@@ -219,6 +258,17 @@ class Completer:
             else:
                 busy.append(p)
         return changed, busy
+
+    def _keep_slots(self, todo: list[_Pending]) -> list[_Pending]:
+        """The outcomes that may hand this worker the next job of their lock_key: a slot of
+        the job's queue is kept for it (none while the process stops: the slots keep no job)."""
+        if self._slots is None or self._closing:
+            return []
+        return [
+            p
+            for p in todo
+            if p.outcome.ended in HANDS_OFF and self._slots.keep_slot(p.running.job.queue)
+        ]
 
     def _decide(self, pending: _Pending) -> Transition:
         """The transition of an outcome: the task's retry policy decides a failure's delay

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataloader.storage import db
 from dataloader.storage.presence import PresenceStore
-from dataloader.storage.protocol import WorkerProtocol
+from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
 from dataloader.workers.heartbeat import Heartbeat
@@ -58,7 +58,7 @@ class WorkerManager:
             worker_id=new_worker_id(),
             summary=JobSummary(settings.log_summary_sec),
         )
-        self.completer = Completer(self.runtime, on_written=self._queue_ready)
+        self.completer = Completer(self.runtime, on_written=self._queue_ready, slots=self)
         self.queues = {
             spec.queue: QueueWorker(spec.queue, spec.concurrency, self.runtime, self.completer)
             for spec in settings.workers
@@ -194,6 +194,17 @@ class WorkerManager:
         """Every queue polls once (after a listener reconnect)."""
         for worker in self.queues.values():
             worker.wake()
+
+    def keep_slot(self, queue: str) -> bool:
+        """A free slot of `queue` kept for a job an outcome's write may hand this process."""
+        worker = self.queues.get(queue)
+        return worker is not None and worker.keep_slot()
+
+    def release_slot(self, queue: str) -> None:
+        self.queues[queue].release_slot()
+
+    def take_handed(self, job: ClaimedJob) -> None:
+        self.queues[job.queue].take_handed(job)
 
     def _queue_ready(self, queue: str) -> None:
         worker = self.queues.get(queue)
