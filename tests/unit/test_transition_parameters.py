@@ -36,5 +36,5 @@ def test_jobs_of_one_shape_share_it_and_keep_their_own_values() -> None:
 
 def test_the_parameters_are_the_statements() -> None:
     params = parameters_of([fenced(Outcome(Ended.SUCCEEDED))])
-    extra = {"actor_role", "actor", "wakes_own_queue"}
+    extra = {"actor_role", "actor", "wakes_own_queue", "hand_off", "claim_seed"}
     assert set(params) | extra == set(queries.APPLY_TRANSITIONS.names)
