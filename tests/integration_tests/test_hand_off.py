@@ -14,7 +14,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
-from .helpers import claimed_since_now
+from .helpers import wait_until
 
 
 class Ledger:
@@ -99,8 +99,11 @@ async def test_a_stopping_worker_keeps_no_slot(start_service: StartService) -> N
     would start after the stop has counted the jobs it waits for."""
     service = await start_service()
     manager = service.manager
-    await claimed_since_now(manager.queues["default"])  # no claim in flight holds the slots
-    assert manager.keep_slot("default")
+
+    async def kept() -> bool:  # once no claim in flight holds the free slots
+        return manager.keep_slot("default")
+
+    await wait_until(kept, what="a slot kept while the worker claims")
     manager.release_slot("default")
     assert not manager.keep_slot("not-served")
     await manager.stop(timeout=5)

@@ -125,6 +125,34 @@ async def test_a_locked_row_does_not_stall_the_other_leases(
         assert body["attempt"] == 1  # neither was stopped
 
 
+async def test_a_hurried_stop_still_writes_a_hand_back_whose_row_was_held(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """A second stop signal gives up writes that fail, not one whose row another session held
+    for a moment (the job's own heartbeat or progress write): the job is handed back, not left
+    running for the reaper."""
+    gated(registry, "t.gated")
+    service = await start_service()
+    manager = service.manager
+    job_id = await service.trigger(task="t.gated", lease_ttl_sec=60)
+    await wait_until(pipeline_running(manager, job_id), what="the job to run")
+    async with conn.transaction():
+        await conn.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1::text::uuid FOR SHARE", job_id)
+        manager.hurry()
+        stopping = asyncio.create_task(manager.stop(timeout=60))
+
+        async def found_busy() -> bool:
+            return manager.completer.busy_writes > 0
+
+        await wait_until(found_busy, what="the hand-back to find its row held")
+    await asyncio.wait_for(stopping, 30)
+    row = await conn.fetchrow(
+        "SELECT status, attempt FROM dl_jobs WHERE job_id = $1::text::uuid", job_id
+    )
+    assert (row["status"], row["attempt"]) == ("queued", 0)
+    assert (await event_kinds(conn, job_id))[-1] == "requeue"
+
+
 async def _heartbeat_at(dsn: str | None, job_id: str) -> Any:
     assert dsn is not None
     conn = await asyncpg.connect(dsn)

@@ -22,7 +22,7 @@ reaped as `lost`, nor run again, because the database was briefly unreachable wh
 An outcome whose write fails MAX_WRITE_ERRORS times for another reason is given up: its lease
 is left to expire and the reaper decides. When the process stops, a write still failing is
 given up once the job's lease has run out by this process's clock (the reaper decides then) or
-at once after a second stop signal.
+at once after a second stop signal (one whose row another session holds, after a few passes).
 
 The lock is released before the status is written: a job waiting on the same lock_key is not
 claimable until the status write, and then finds the key free (no needless backoff).
@@ -58,6 +58,9 @@ MAX_WRITE_ERRORS = 5
 #: Decisions of one outcome in one pass whose job changed under them (a cancel or re-run
 #: requested just then) before it waits for the next pass.
 MAX_REDECISIONS = 3
+#: Passes a hurried stop still tries an outcome whose row another session held (the job's own
+#: heartbeat or progress write, for a moment), with the usual backoff: seven seconds at most.
+MAX_BUSY_PASSES_HURRIED = 8
 
 
 @dataclass(eq=False, slots=True)
@@ -69,6 +72,10 @@ class _Pending:
     facts: JobFacts
     #: Failed writes that were not a lost connection (a bug, a constraint): bounded.
     errors: int = 0
+    #: Failed writes of any kind (lost connections included).
+    failures: int = 0
+    #: Passes that left it unwritten (a failed write, or its row held elsewhere).
+    passes: int = 0
     #: Its write made nothing claimable: the job ended for good, and the next job of its key
     #: was handed to this worker. Its queue need not be woken.
     quiet: bool = False
@@ -114,6 +121,8 @@ class Completer:
         self._hurried = False
         #: Writes that failed since the last one that landed (for the log).
         self.failed_writes = 0
+        #: Outcomes found with their row held by another session, to be tried again.
+        self.busy_writes = 0
 
     async def finish(self, running: RunningJob, outcome: Outcome) -> None:
         """Queue the outcome; the job stays in the running set (its lease alive) until it is
@@ -257,6 +266,7 @@ class Completer:
                 changed.append(p)
             else:
                 busy.append(p)
+        self.busy_writes += len(busy)
         return changed, busy
 
     def _keep_slots(self, todo: list[_Pending]) -> list[_Pending]:
@@ -322,8 +332,9 @@ class Completer:
         """Count a failed write of `pending` (a lost connection is no error of theirs)."""
         self.failed_writes += len(pending)
         lost_connection = isinstance(exc, CONNECTION_ERRORS)
-        if not lost_connection:
-            for p in pending:
+        for p in pending:
+            p.failures += 1
+            if not lost_connection:
                 p.errors += 1
         log.warning(
             "could not write %d outcome(s), retrying: %r",
@@ -333,16 +344,22 @@ class Completer:
         )
 
     def _give_up(self, pending: _Pending) -> bool:
-        """Whether to stop retrying a failed write: the job is no longer ours (heartbeat), or
-        the process is stopping and the lease has run out (or a second signal came)."""
+        """Whether to stop retrying an unwritten outcome: the job is no longer ours
+        (heartbeat), or the process is stopping and the lease has run out, or a second signal
+        came and its write failed (a row held elsewhere only holds it for a moment: it is
+        tried a few more times first)."""
         running = pending.running
+        pending.passes += 1
         expired = time.monotonic() - running.lease_extended_at > running.job.lease_ttl_sec
+        hurried = self._hurried and (
+            pending.failures > 0 or pending.passes >= MAX_BUSY_PASSES_HURRIED
+        )
         if running.gone:
             why = "it is no longer ours"
         elif pending.errors >= MAX_WRITE_ERRORS:
             why = f"{pending.errors} writes failed; its lease is left to expire"
             running.gone = True  # the heartbeat stops extending it: the reaper decides
-        elif self._closing and (self._hurried or expired):
+        elif self._closing and (hurried or expired):
             why = "the process is stopping"
         else:
             return False
