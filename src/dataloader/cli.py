@@ -129,13 +129,16 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     """The API's listening socket, taken before anything else starts: a port in use must stop
     the start before the database is touched or a worker claims a job (uvicorn would bind only
-    after the application's start-up, workers included)."""
+    after the application's start-up, workers included). With `reuse_port`, processes that all
+    ask for it share the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        return socket.create_server(
+            (host, port), family=family, backlog=2048, reuse_port=reuse_port
+        )
     except OSError as exc:
         reason = (exc.strerror or str(exc)).lower()
         _fail(f"cannot listen on {_address(host, port)} (DL_HTTP_HOST, DL_HTTP_PORT): {reason}", 1)
@@ -188,7 +191,7 @@ def serve() -> None:
 
     settings = _settings()
     configure_logging(settings.log_level)
-    listening = _listen(settings.http_host, settings.http_port)
+    listening = _listen(settings.http_host, settings.http_port, settings.http_reuse_port)
     try:
         import_pipelines(settings.pipeline_modules)
         settings = asyncio.run(_prepare_database(settings))

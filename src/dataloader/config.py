@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     )
     http_host: str = Field(default="127.0.0.1", min_length=1)
     http_port: int = Field(default=8000, ge=0, le=65_535)
+    http_reuse_port: bool = Field(
+        default=False,
+        description="Let several processes of this host listen on DL_HTTP_PORT together"
+        " (SO_REUSEPORT: the kernel spreads new connections over them).",
+    )
     pipeline_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated modules imported at start to register pipelines.",

@@ -20,6 +20,7 @@ import pytest
 
 from ..conftest import with_database
 from ..faults.server import PrivateServer
+from .helpers import wait_until
 from .procs import (
     DATALOADER_SCRIPT,
     PYTHON_M_DATALOADER,
@@ -103,6 +104,27 @@ async def test_a_taken_http_port_stops_the_start_before_any_worker(
     row = await conn.fetchrow("SELECT status, attempt FROM dl_jobs WHERE job_id = $1", job_id)
     assert (row["status"], row["attempt"]) == ("queued", 0)  # no worker ever ran
     assert await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'picked'") == 0
+
+
+async def test_processes_that_ask_for_it_share_the_http_port(
+    launcher: Launcher, db_dsn: str
+) -> None:
+    """DL_HTTP_REUSE_PORT: a second process listens on the first one's port (the kernel spreads
+    connections over both) and serves it alone once the first has stopped."""
+    first = launcher.start(db_dsn, DL_HTTP_REUSE_PORT="true")
+    await first.wait_healthy()
+    second = launcher.start(db_dsn, DL_HTTP_REUSE_PORT="true", DL_HTTP_PORT=str(first.port))
+
+    async def second_serving() -> bool:
+        if second.proc.poll() is not None:
+            raise AssertionError(f"the second process exited:\n{second.logs()}")
+        return "Application startup complete" in second.logs()
+
+    await wait_until(second_serving, what="the second process to serve")
+    first.terminate()
+    assert await first.wait() == 0
+    job_id = await first.trigger(task="demo.noop")  # the port, answered by the second process
+    assert (await first.wait_status(job_id, "succeeded"))["attempt"] == 1
 
 
 # --- the database at start-up ---------------------------------------------------------------------
