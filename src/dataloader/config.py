@@ -177,8 +177,14 @@ class Settings(BaseSettings):
         default=60,
         ge=0,
         le=86_400,
-        description="Period of the INFO line per queue that counts the jobs the process ended"
-        " (each job's own lines are at DEBUG); 0: no summary.",
+        description="Period of the INFO lines that count the jobs the process ended, per"
+        " queue, and the requests it answered, per route and status (each job's own lines,"
+        " and each answered request's, are at DEBUG); 0: no summary.",
+    )
+    access_log: bool = Field(
+        default=False,
+        description="An INFO line for every request (by default only for those answered"
+        " 400 and above; the others are counted in the periodic summary).",
     )
     poll_interval_sec: float = Field(
         default=5,
@@ -186,7 +192,13 @@ class Settings(BaseSettings):
         le=86_400,
         description="Safety poll when no notification arrives (jittered).",
     )
-    db_pool_size: int = Field(default=10, ge=2, le=1000, description="Queue pool connections.")
+    db_pool_size: int = Field(
+        default=20,
+        ge=2,
+        le=1000,
+        description="Most connections of the queue pool (opened as concurrent use needs them:"
+        " 32 clients triggering at once wait half as long in their p99 with 20 as with 10).",
+    )
     db_timeout_sec: float = Field(
         default=10,
         gt=0,

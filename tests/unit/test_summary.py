@@ -1,4 +1,4 @@
-"""The periodic per-queue summary of ended jobs (workers/summary.py)."""
+"""The periodic summaries of ended jobs and answered requests (logger/summary.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 
 import pytest
 
-from dataloader.workers.summary import JobSummary
+from dataloader.logger.summary import job_summary, request_summary
 
 
 def test_a_flush_logs_one_line_per_queue_with_its_counts_then_starts_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    summary = JobSummary(60)
+    summary = job_summary(60)
     for queue, ended in [("b", "done"), ("a", "done"), ("a", "retry"), ("a", "done")]:
         summary.count(queue, ended)
     with caplog.at_level(logging.INFO, logger="dataloader.workers"):
@@ -27,7 +27,7 @@ def test_a_flush_logs_one_line_per_queue_with_its_counts_then_starts_again(
 
 
 def test_large_counts_are_grouped_by_thousands(caplog: pytest.LogCaptureFixture) -> None:
-    summary = JobSummary(30)
+    summary = job_summary(30)
     for _ in range(12_345):
         summary.count("etl", "done")
     with caplog.at_level(logging.INFO, logger="dataloader.workers"):
@@ -36,7 +36,7 @@ def test_large_counts_are_grouped_by_thousands(caplog: pytest.LogCaptureFixture)
 
 
 async def test_the_loop_flushes_once_more_when_stopped(caplog: pytest.LogCaptureFixture) -> None:
-    summary = JobSummary(3600)
+    summary = job_summary(3600)
     stop = asyncio.Event()
     with caplog.at_level(logging.INFO, logger="dataloader.workers"):
         loop = asyncio.create_task(summary.run(stop))
@@ -47,8 +47,24 @@ async def test_the_loop_flushes_once_more_when_stopped(caplog: pytest.LogCapture
 
 
 async def test_a_period_of_zero_turns_the_summary_off(caplog: pytest.LogCaptureFixture) -> None:
-    summary = JobSummary(0)
+    summary = job_summary(0)
     summary.count("etl", "done")
     with caplog.at_level(logging.INFO, logger="dataloader.workers"):
         await asyncio.wait_for(summary.run(asyncio.Event()), timeout=10)
     assert caplog.records == []
+
+
+def test_requests_are_counted_per_route_by_status(caplog: pytest.LogCaptureFixture) -> None:
+    summary = request_summary(60)
+    for _ in range(1200):
+        summary.count("POST /api/v1/jobs/trigger", "200")
+    summary.count("POST /api/v1/jobs/trigger", "422")
+    summary.count("GET /api/v1/jobs/{job_id}/status", "404")
+    with caplog.at_level(logging.INFO, logger="dataloader.access"):
+        summary.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "GET /api/v1/jobs/{job_id}/status: 404 ×1 in the last 60s",
+        "POST /api/v1/jobs/trigger: 200 ×1,200, 422 ×1 in the last 60s",
+    ]
+    assert caplog.records[1].__dict__["route"] == "POST /api/v1/jobs/trigger"
+    assert caplog.records[1].__dict__["statuses"] == {"200": 1200, "422": 1}

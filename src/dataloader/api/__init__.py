@@ -3,6 +3,7 @@ AppContext and runs the WorkerManager in the same process."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from dataloader.api.v1.exceptions import install_exception_handlers
 from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Settings
+from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.presence import PresenceStore
@@ -35,10 +37,14 @@ def create_app(
     """Build the service. `run_workers=False` serves the API only."""
     pipelines = registry if registry is not None else default_registry
     live_tasks = LiveTasks()
+    requests = request_summary(settings.log_summary_sec)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with Runner(settings, pipelines, run_workers=run_workers) as runner:
+        async with (
+            Runner(settings, pipelines, run_workers=run_workers) as runner,
+            _running(requests),
+        ):
             app.state.app_context = runner.context
             presence = PresenceStore(GuardedPool(runner.context.pool, settings.db_timeout_sec))
             live_tasks.store = presence
@@ -57,9 +63,12 @@ def create_app(
         static_url=DOCS_ASSETS_URL,
     )
     app.state.manager = None
+    app.state.request_summary = requests
     app.state.authenticator = Authenticator(settings.api_tokens)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(
+        RequestContextMiddleware, summary=requests, log_every_request=settings.access_log
+    )
     install_exception_handlers(app)
     install_openapi(
         app,
@@ -70,3 +79,15 @@ def create_app(
     app.include_router(os_router)
     app.include_router(v1_router)
     return app
+
+
+@asynccontextmanager
+async def _running(summary: Summary) -> AsyncIterator[None]:
+    """Log `summary` every period while the application runs, and once more at its end."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(summary.run(stop), name="dataloader-request-summary")
+    try:
+        yield
+    finally:
+        stop.set()
+        await task

@@ -1,6 +1,6 @@
 """HTTP middleware: a request id on every request (taken from `X-Request-ID` or made up),
-bound to the logging context and echoed in the response, and one access log line; and a bound
-on the size of request bodies."""
+bound to the logging context and echoed in the response, and an access log line, counted in
+the periodic summary of requests; and a bound on the size of request bodies."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dataloader.logger import log_context
+from dataloader.logger.summary import Summary
 
 log = logging.getLogger("dataloader.access")
 
@@ -25,10 +26,16 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class RequestContextMiddleware:
-    """Pure ASGI middleware (no per-request task switch, unlike BaseHTTPMiddleware)."""
+    """Pure ASGI middleware (no per-request task switch, unlike BaseHTTPMiddleware).
 
-    def __init__(self, app: ASGIApp) -> None:
+    Each request is counted in `summary` by route and status. Its own line is at INFO when
+    it was refused or failed (status 400 and above) or `log_every_request` is set, at DEBUG
+    otherwise: a line per request took 13 % of the service's CPU at 2,000 triggers a second."""
+
+    def __init__(self, app: ASGIApp, summary: Summary, log_every_request: bool = False) -> None:
         self.app = app
+        self.summary = summary
+        self.log_every_request = log_every_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,14 +58,23 @@ class RequestContextMiddleware:
             try:
                 await self.app(scope, receive, send_with_id)
             finally:
-                log.log(
-                    logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO,
-                    "%s %s %d",
-                    scope["method"],
-                    scope["path"],
-                    status,
-                    extra={"duration_ms": round((time.perf_counter() - started) * 1000, 2)},
-                )
+                self._record(scope, status, started)
+
+    def _record(self, scope: Scope, status: int, started: float) -> None:
+        path = scope["path"]
+        if path in QUIET_PATHS:
+            level = logging.DEBUG
+        else:
+            route = scope.get("route")
+            self.summary.count(
+                f"{scope['method']} {getattr(route, 'path', 'unrouted')}", str(status)
+            )
+            level = logging.INFO if status >= 400 or self.log_every_request else logging.DEBUG
+        if log.isEnabledFor(level):
+            duration_ms = round((time.perf_counter() - started) * 1000, 2)
+            log.log(
+                level, "%s %s %d", scope["method"], path, status, extra={"duration_ms": duration_ms}
+            )
 
 
 def _request_id(scope: Scope) -> str:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from dataloader.logger.summary import job_summary
 from dataloader.storage import db
 from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
@@ -22,7 +23,6 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.presence import Presence
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
-from dataloader.workers.summary import JobSummary
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -56,7 +56,7 @@ class WorkerManager:
             locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
             registry=registry,
             worker_id=new_worker_id(),
-            summary=JobSummary(settings.log_summary_sec),
+            summary=job_summary(settings.log_summary_sec),
         )
         self.completer = Completer(self.runtime, on_written=self._queue_ready, slots=self)
         self.queues = {

@@ -11,11 +11,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dataloader.logger.summary import Summary
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
-from dataloader.workers.summary import JobSummary
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -87,7 +87,7 @@ class WorkerRuntime:
     registry: PipelineRegistry
     worker_id: str
     #: What the process's jobs ended as, per queue, logged every DL_LOG_SUMMARY_SEC.
-    summary: JobSummary
+    summary: Summary
     running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
     #: Set when a job starts whose lease needs beats more often than `beat_period`.
     job_started: asyncio.Event = field(default_factory=asyncio.Event)

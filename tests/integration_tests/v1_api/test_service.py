@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from datetime import datetime
@@ -449,3 +450,31 @@ async def test_request_id_is_present_on_errors(start_service: StartService) -> N
     response = await api.client.get(status_url(str(uuid.uuid4())), headers={"X-Request-ID": "r1"})
     assert response.status_code == 404
     assert response.headers["x-request-id"] == "r1"
+
+
+@pytest.mark.parametrize("access_log", [False, True], ids=["summary", "every-request"])
+async def test_answered_requests_are_counted_per_route_and_refused_ones_logged(
+    start_service: StartService, caplog: pytest.LogCaptureFixture, access_log: bool
+) -> None:
+    """A request answered below 400 is a DEBUG line (an INFO one with DL_ACCESS_LOG) and is
+    counted in the periodic summary by its route; a refused one is always an INFO line."""
+    api = await start_service(run_workers=False, access_log=access_log)
+    with caplog.at_level(logging.INFO, logger="dataloader.access"):
+        for _ in range(2):
+            job_id = await api.trigger(task="demo.noop")
+        assert (await api.client.get(status_url(job_id))).status_code == 200
+        assert (await api.client.get(status_url(str(uuid.uuid4())))).status_code == 404
+        lines = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        api.app.state.request_summary.flush()
+    refused = "GET /api/v1/jobs/"
+    if access_log:
+        assert len(lines) == 4
+    else:
+        (line,) = lines
+        assert line.startswith(refused)
+        assert line.endswith(" 404")
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "GET /api/v1/jobs/{job_id}/status: 200 ×1, 404 ×1 in the last 60s",
+        "POST /api/v1/jobs/trigger: 200 ×2 in the last 60s",
+    ]
