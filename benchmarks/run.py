@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -529,6 +530,23 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _server_cpu_seconds() -> float:
+    """CPU time used by this host's PostgreSQL processes (the benchmark's server runs here:
+    the harness's, or the embedded one): those alive now, and through the postmaster's count
+    of its ended children, the backends that have exited."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        if text.split(" (", 1)[1].startswith("postgres)"):
+            fields = text.rsplit(")", 1)[1].split()
+            own, children = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+            total += (own + children) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -> dict[str, float]:
     """Drain `jobs`, enqueued in one transaction once the workers listen, by one worker process
     of `kind`: `service` (`python -m dataloader` as users run it: default log level, HTTP API)
@@ -550,20 +568,28 @@ async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -
         await _until_listening(b, 1)
         async with Runner(b.settings(), run_workers=False) as dl:
             await dl.client.enqueue_many(jobs)
-        cpu_before, started = _cpu_seconds(pid), time.perf_counter()
+        cpu_before, server_before = _cpu_seconds(pid), _server_cpu_seconds()
+        started = time.perf_counter()
         ended = await _until_drained(b)
         cpu = _cpu_seconds(pid) - cpu_before
+        server = _server_cpu_seconds() - server_before
     finally:
         stop()
         await asyncio.to_thread(os.waitpid, pid, 0)
-    return {"jobs_per_s": len(jobs) / (ended - started), "cpu_us_per_job": cpu / len(jobs) * 1e6}
+    return {
+        "jobs_per_s": len(jobs) / (ended - started),
+        "cpu_us_per_job": cpu / len(jobs) * 1e6,
+        "server_cpu_us_per_job": server / len(jobs) * 1e6,
+    }
 
 
 async def _peer_drain(b: Bench, n: int) -> dict[str, float]:
     """pgqueuer out of the box (the harness's `pgqueuer_defaults`: batch 10, no concurrency
-    cap) draining `n` jobs, timed by the harness around its worker's whole run."""
+    cap) draining `n` jobs, timed by the harness around its worker's whole run (start and
+    stop included). The server's CPU per job counts the harness's enqueue of the jobs too."""
     command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", "pgqueuer_defaults"]
     command += ["--dsn", b.admin_dsn, "--n", str(n), "--phases", "drain"]
+    server_before = _server_cpu_seconds()
     out = await asyncio.to_thread(
         subprocess.run,
         command,
@@ -571,7 +597,11 @@ async def _peer_drain(b: Bench, n: int) -> dict[str, float]:
         capture_output=True,
         check=True,
     )
-    return {"jobs_per_s": float(json.loads(out.stdout)["drain_jobs_per_s"])}
+    server = _server_cpu_seconds() - server_before
+    return {
+        "jobs_per_s": float(json.loads(out.stdout)["drain_jobs_per_s"]),
+        "server_cpu_us_per_job_with_enqueue": server / n * 1e6,
+    }
 
 
 @phase("service_drain")
@@ -782,6 +812,10 @@ async def main() -> None:
     out.write_text(json.dumps(results, indent=2))
     print(show(results))
     print(f"\nJSON: {out}")
+    if args.out is None and importlib.util.find_spec("matplotlib") is not None:
+        from charts import draw_all  # benchmarks/charts.py, beside this file
+
+        print("charts:", ", ".join(str(p.relative_to(ROOT)) for p in draw_all()))
 
 
 if __name__ == "__main__":
