@@ -47,6 +47,15 @@ def suite_results(results: Path) -> list[dict[str, Any]]:
     return sorted((r for r in found if "phases" in r), key=lambda r: r["started_at"])
 
 
+def latest_of_each_phase(suite: list[dict[str, Any]]) -> dict[str, Any]:
+    """The latest result file, with each phase it lacks taken from the latest file that has
+    it (a run of a few phases, `--only`, leaves the others as they were measured last)."""
+    phases: dict[str, Any] = {}
+    for result in suite:
+        phases.update(result["phases"])
+    return suite[-1] | {"phases": phases}
+
+
 def peer_runs(results: Path) -> tuple[str, dict[str, list[dict[str, Any]]]]:
     """The latest side-by-side run: its stamp and each system's passes."""
     files = sorted((results / "peers").glob("*-*-*.json"))
@@ -158,33 +167,66 @@ def draw_targets(plt: Any, latest: dict[str, Any], out: Path) -> Path | None:
     ax.set_xlim(0, max(max(shares) * 1.5, 1.6))
     ax.invert_yaxis()
     version = latest["postgres"]["server_version"].split()[0]
-    fig.suptitle(f"Targets, {latest['started_at'][:16]} UTC (PostgreSQL {version})")
+    fig.suptitle(
+        f"Targets: the latest figure of each phase, up to {latest['started_at'][:16]} UTC"
+        f" (PostgreSQL {version})"
+    )
     return _save(plt, fig, out / "targets.png")
 
 
-def draw_history(plt: Any, results: list[dict[str, Any]], out: Path) -> Path | None:
+def _peer_ratios(results: Path) -> list[tuple[datetime, dict[str, float]]]:
+    """For each side-by-side run kept: dataloader's median drain over each peer's."""
+    runs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for f in (results / "peers").glob("*-*-*.json"):
+        data = json.loads(f.read_text())
+        stamp = "-".join(f.name.split("-")[:3])
+        runs[stamp][data["system"]].append(data["drain_jobs_per_s"])
+    ratios = []
+    for stamp, systems in sorted(runs.items()):
+        if US not in systems:
+            continue
+        ours = statistics.median(systems[US])
+        when = datetime.strptime(stamp, "%Y-%m-%dT%H%M")
+        peers = {s: ours / statistics.median(v) for s, v in systems.items() if s != US}
+        ratios.append((when, peers))
+    return ratios
+
+
+def draw_history(plt: Any, suite: list[dict[str, Any]], results: Path, out: Path) -> Path | None:
+    """Left: the suite's drain and HTTP trigger across the result files kept (absolute: the
+    machine's own speed varies from day to day). Right: dataloader's drain over each peer's,
+    measured in the same run (what a slower or faster day cannot move)."""
     series = {
-        "drain, concurrency 10 (jobs/s)": ("drain_c10", "jobs_per_s"),
-        "HTTP trigger, 32 connections (req/s)": ("http_trigger", "requests_per_s"),
+        "drain c10 (jobs/s)": ("drain_c10", "jobs_per_s"),
+        "HTTP trigger (req/s)": ("http_trigger", "requests_per_s"),
     }
-    points = {
-        title: [
-            (datetime.fromisoformat(r["started_at"]), r["phases"][phase][metric])
-            for r in results
+    ratios = _peer_ratios(results)
+    if not suite and not ratios:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    for (label, (phase, metric)), marker in zip(series.items(), "os", strict=True):
+        values = [
+            (
+                datetime.fromisoformat(r["started_at"]).replace(tzinfo=None),
+                r["phases"][phase][metric],
+            )
+            for r in suite
             if phase in r["phases"]
         ]
-        for title, (phase, metric) in series.items()
-    }
-    if not any(points.values()):
-        return None
-    fig, axes = plt.subplots(1, len(series), figsize=(12, 4))
-    for ax, (title, values) in zip(axes, points.items(), strict=True):
-        if values:
-            ax.plot([t for t, _ in values], [v for _, v in values], marker="o", color="tab:red")
-        ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
+        left.plot([t for t, _ in values], [v for _, v in values], marker=marker, label=label)
+    left.set_title("dataloader's suite, one run a file (absolute: noisy)", fontsize=10)
+    left.set_ylim(bottom=0)
+    left.legend(fontsize=8)
+    for peer in sorted({p for _, peers in ratios for p in peers}):
+        points = [(when, peers[peer]) for when, peers in ratios if peer in peers]
+        right.plot([t for t, _ in points], [r for _, r in points], marker="o", label=peer)
+    right.axhline(1.0, color="black", linewidth=1)
+    right.set_title("drain: dataloader / peer, same run (medians)", fontsize=10)
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8)
+    for ax in (left, right):
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    fig.suptitle("dataloader's own suite across the result files kept (one run each: noisy)")
+    fig.suptitle("History")
     return _save(plt, fig, out / "history.png")
 
 
@@ -204,9 +246,9 @@ def draw_all(results: Path = RESULTS, out: Path = OUT) -> list[Path]:
     import matplotlib.pyplot as plt
 
     suite = suite_results(results)
-    drawn = [draw_peers(plt, results, out), draw_history(plt, suite, out)]
+    drawn = [draw_peers(plt, results, out), draw_history(plt, suite, results, out)]
     if suite:
-        drawn.append(draw_targets(plt, suite[-1], out))
+        drawn.append(draw_targets(plt, latest_of_each_phase(suite), out))
     return [p for p in drawn if p is not None]
 
 
