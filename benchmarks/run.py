@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
+from dataloader.storage import queries
 from dataloader.storage.embedded import get_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -744,6 +745,54 @@ async def http_latency(b: Bench) -> dict[str, Any]:
         "p95_ms": percentile(values, 95),
         "p99_ms": percentile(values, 99),
         "max_ms": max(values),
+    }
+
+
+async def _time_ms(call: Callable[[], Awaitable[Any]], times: int) -> float:
+    """Median milliseconds of `times` awaits of `call()`, after one to warm up."""
+    await call()
+    values = []
+    for _ in range(times):
+        started = time.perf_counter()
+        await call()
+        values.append((time.perf_counter() - started) * 1000)
+    return statistics.median(values)
+
+
+@phase("queue_stats")
+async def queue_stats(b: Bench) -> dict[str, Any]:
+    """Per-queue statistics beside 1,000,000 finished jobs: `Client.stats()` (10 queues of
+    1,000 queued jobs, a tenth of them delayed) against the whole-table count per queue and
+    status that `/status` runs. Medians of 50 calls each."""
+    finished, queued = b.n(1_000_000), b.n(10_000)
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, finished_at)"
+        " SELECT gen_random_uuid(), 'q' || (i % 10), 'noop', 'done-' || i, 'succeeded', 1,"
+        " now() FROM generate_series(1, $1::int) AS i",
+        finished,
+    )
+    await b.bulk_insert(
+        queued,
+        lambda i: NewJob(
+            queue=f"q{i % 10}",
+            task="noop",
+            lock_key=f"k-{i}",
+            delay=timedelta(hours=1) if i % 10 == 0 else None,
+        ),
+    )
+    await b.sql("VACUUM ANALYZE dl_jobs")
+    conn = await asyncpg.connect(b.dsn)
+    try:
+        async with Runner(b.settings(), run_workers=False) as dl:
+            stats_ms = await _time_ms(dl.client.stats, 50)
+            counts_ms = await _time_ms(lambda: conn.fetch(queries.QUEUE_COUNTS), 50)
+    finally:
+        await conn.close()
+    return {
+        "finished_jobs": finished,
+        "queued_jobs": queued,
+        "client_stats_ms": stats_ms,
+        "whole_table_counts_ms": counts_ms,
     }
 
 

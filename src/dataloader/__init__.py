@@ -18,7 +18,7 @@ own program with `dataloader.Runner`. docs/reference.md lists the public API.
 from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
-from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob
+from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
     ConfigError,
@@ -69,6 +69,7 @@ __all__ = [
     "NonRetryableError",
     "NotRetryable",
     "PipelineRegistry",
+    "QueueStats",
     "Retry",
     "RetryPolicy",
     "Runner",

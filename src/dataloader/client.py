@@ -35,10 +35,12 @@ from dataloader.core.models import (
     JobOptions,
     JobState,
     NewJob,
+    QueueStats,
 )
 from dataloader.exceptions import DatabaseUnavailable, DataloaderError, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db, queries
+from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import (
     Connections,
     EngineConnections,
@@ -103,6 +105,7 @@ class Client:
         self.settings = settings
         self.registry = registry if registry is not None else default_registry
         self._repo = JobRepository(self._connections, actor)
+        self._admin = AdminStore(self._connections)
         self._defaults = JobDefaults(
             max_attempts=settings.default_max_attempts,
             lease_ttl_sec=settings.default_lease_ttl_sec,
@@ -309,6 +312,13 @@ class Client:
             limit=limit,
             cursor=cursor,
         )
+
+    async def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+        """Per-queue statistics: {queue: QueueStats} for every queue holding jobs that are
+        queued, running, failed or lost; with `queue`, that queue only (zeros if it holds
+        none). Reads only the jobs in those states: as cheap with millions of finished jobs
+        in the table as with none."""
+        return await self._admin.queue_stats(queue)
 
     async def events(self, job_id: uuid.UUID | str) -> builtins.list[JobEvent]:
         """The job's journal, oldest first (empty if there is no such job)."""

@@ -17,6 +17,7 @@ from dataloader.api.openapi import install_openapi
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
 from dataloader.api.v1.exceptions import install_exception_handlers
+from dataloader.api.v1.queues import router as queues_router
 from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Settings
@@ -51,6 +52,7 @@ def create_app(
             app.state.presence = presence
             app.state.jobs_service = JobsService(runner.client, settings, live_tasks)
             app.state.manager = runner.manager
+            app.state.client = runner.client
             yield
 
     # /docs and /redoc load Swagger UI and ReDoc from files installed with the service, so
@@ -78,6 +80,7 @@ def create_app(
     )
     app.include_router(os_router)
     app.include_router(v1_router)
+    app.include_router(queues_router)
     return app
 
 

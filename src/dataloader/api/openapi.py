@@ -177,6 +177,7 @@ def _exact_args(schema: dict[str, Any]) -> None:
 
 
 def _link_job_id(schema: dict[str, Any]) -> None:
+    """Links from a trigger's answer to the operations on its job, and to its queue."""
     links = {}
     for name, (path, method) in JOB_PATHS.items():
         operation = schema["paths"][path][method]
@@ -184,4 +185,8 @@ def _link_job_id(schema: dict[str, Any]) -> None:
             "operationId": operation["operationId"],
             "parameters": {"job_id": "$response.body#/job_id"},
         }
+    links["GetQueue"] = {
+        "operationId": "get_queue",
+        "parameters": {"queue": "$request.body#/queue"},
+    }
     schema["paths"][TRIGGER_PATH]["post"]["responses"]["200"]["links"] = links

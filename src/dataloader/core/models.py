@@ -197,6 +197,29 @@ class JobState:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What one queue holds now. The jobs in it are `ready` (due, claimable), `waiting` (due,
+    behind a running job of their lock_key), `delayed` (not due yet) or `running`; `failed`
+    and `lost` count ended jobs that may want a look (finished jobs are history: not counted,
+    so the figures cost the same with millions of them in the table)."""
+
+    queue: str
+    ready: int
+    waiting: int
+    delayed: int
+    running: int
+    failed: int
+    lost: int
+    #: Seconds since the longest-waiting due job (ready or waiting) became due; None: none is.
+    oldest_ready_age_sec: float | None
+
+    @property
+    def total(self) -> int:
+        """The jobs in the queue: ready, waiting, delayed and running."""
+        return self.ready + self.waiting + self.delayed + self.running
+
+
+@dataclass(frozen=True, slots=True)
 class JobEvent:
     """One entry of a job's journal."""
 

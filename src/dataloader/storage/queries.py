@@ -176,6 +176,36 @@ QUEUE_COUNTS: Final = """
 SELECT queue, status::text AS status, count(*) AS n FROM dl_jobs GROUP BY queue, status
 """
 
+#: Per-queue statistics (one row per queue holding jobs that are queued, running, failed or
+#: lost; only `:queue` when given). Every count reads an index range of the jobs in that state
+#: (the spec's `ix_dl_jobs_status_queue` past the finished ones, the parked indexes), and the
+#: oldest due job is the first entry of the spec's claim index: nothing reads the finished
+#: jobs, however many the table keeps. `queued` includes `delayed` and `waiting`.
+QUEUE_STATS: Final = Statement("""
+WITH by_status AS (
+    SELECT queue, status, count(*) AS n FROM dl_jobs
+    WHERE status IN ('queued', 'running', 'failed', 'lost')
+      AND (queue = :queue::text OR :queue::text IS NULL)
+    GROUP BY queue, status
+)
+SELECT b.queue,
+       COALESCE(sum(b.n) FILTER (WHERE b.status = 'queued'), 0)::bigint AS queued,
+       COALESCE(sum(b.n) FILTER (WHERE b.status = 'running'), 0)::bigint AS running,
+       COALESCE(sum(b.n) FILTER (WHERE b.status = 'failed'), 0)::bigint AS failed,
+       COALESCE(sum(b.n) FILTER (WHERE b.status = 'lost'), 0)::bigint AS lost,
+       (SELECT count(*) FROM dl_jobs d
+        WHERE d.status = 'queued' AND d.parked = 'delayed' AND d.queue = b.queue
+          AND d.available_at > now()) AS delayed,
+       (SELECT count(*) FROM dl_jobs w
+        WHERE w.status = 'queued' AND w.parked = 'lock_key' AND w.queue = b.queue) AS waiting,
+       (SELECT EXTRACT(EPOCH FROM now() - o.available_at)::float8 FROM dl_jobs o
+        WHERE o.status = 'queued' AND o.queue = b.queue
+        ORDER BY o.available_at LIMIT 1) AS oldest_age_sec
+FROM by_status b
+GROUP BY b.queue
+ORDER BY b.queue
+""")
+
 #: The oldest transaction of this database still holding back the xmin horizon (vacuum cannot
 #: remove rows that died after it started), other than our own session. No query text: it may
 #: hold secrets.

@@ -153,6 +153,49 @@ class JobStatusResponse(BaseModel):
     rerun_requested: bool = False
 
 
+class QueueStatsResponse(BaseModel):
+    """What a queue holds now (`GET /api/v1/queues/{queue}`, and each of `GET /api/v1/queues`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "queue": "etl",
+                    "total": 1250,
+                    "ready": 1000,
+                    "waiting": 200,
+                    "delayed": 40,
+                    "running": 10,
+                    "failed": 3,
+                    "lost": 0,
+                    "oldest_ready_age_sec": 12.5,
+                }
+            ]
+        }
+    )
+
+    queue: str
+    total: int = Field(description="Jobs in the queue: ready + waiting + delayed + running.")
+    ready: int = Field(description="Due and claimable now.")
+    waiting: int = Field(description="Due, behind a running job of their lock_key.")
+    delayed: int = Field(description="Not due yet (available_at, a retry's delay).")
+    running: int
+    failed: int = Field(description="Jobs that ended failed (kept until pruned).")
+    lost: int = Field(description="Jobs whose lease expired on their last attempt.")
+    oldest_ready_age_sec: float | None = Field(
+        description="Seconds since the longest-waiting due job (ready or waiting) became due;"
+        " null when none is due."
+    )
+
+
+class QueueListResponse(BaseModel):
+    """`GET /api/v1/queues` output."""
+
+    queues: list[QueueStatsResponse] = Field(
+        description="Every queue holding jobs that are queued, running, failed or lost, by name."
+    )
+
+
 class ErrorResponse(BaseModel):
     """Body of 4xx/5xx answers that are not validation errors."""
 
