@@ -95,13 +95,16 @@ async def start_service(
     """Start services (API + workers) in this event loop; all are stopped after the test."""
     async with AsyncExitStack() as stack:
 
-        async def start(*, run_workers: bool = True, **overrides: Any) -> Service:
+        async def start(
+            *, run_workers: bool = True, tasks: PipelineRegistry | None = None, **overrides: Any
+        ) -> Service:
+            """A service with the test's registry (or `tasks`) and settings `overrides`."""
             # A service without workers stands for an API replica whose workers are elsewhere
             # and not part of the test: it accepts tasks no live process knows, unless the
             # test says otherwise (the check itself is tested in test_presence.py).
             overrides.setdefault("allow_unknown_tasks", not run_workers)
             settings = make_settings(**overrides)
-            app = create_app(settings, registry, run_workers=run_workers)
+            app = create_app(settings, tasks or registry, run_workers=run_workers)
             await stack.enter_async_context(app.router.lifespan_context(app))
             client = httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://dataloader.test"

@@ -20,6 +20,7 @@ from dataloader.api.v1.exceptions import install_exception_handlers
 from dataloader.api.v1.queues import router as queues_router
 from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
+from dataloader.api.v1.tasks import router as tasks_router
 from dataloader.config import Settings
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
@@ -81,6 +82,7 @@ def create_app(
     app.include_router(os_router)
     app.include_router(v1_router)
     app.include_router(queues_router)
+    app.include_router(tasks_router)
     return app
 
 

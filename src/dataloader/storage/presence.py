@@ -7,8 +7,9 @@ within three of its own refresh periods.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
@@ -28,6 +29,8 @@ class WorkerInfo:
     queues: dict[str, int]  # queue → concurrency
     tasks: list[str]
     period_sec: float
+    #: Task name → its contract (`workers.pipelines.contracts.task_spec`).
+    task_specs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,15 @@ class LiveWorker:
     tasks: list[str]
     started_at: datetime
     seen_ago_sec: float
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTask:
+    """A task's contract, and the live processes that publish it."""
+
+    name: str
+    spec: dict[str, Any]
+    workers: list[str]
 
 
 class PresenceStore:
@@ -62,6 +74,7 @@ class PresenceStore:
                 version=worker.version,
                 queues=json.dumps(worker.queues),
                 tasks=worker.tasks,
+                task_specs=json.dumps(worker.task_specs, sort_keys=True),
                 period_sec=worker.period_sec,
                 prune_after_sec=PRUNE_AFTER_SEC,
             )
@@ -85,6 +98,14 @@ class PresenceStore:
                 started_at=row["started_at"],
                 seen_ago_sec=row["seen_ago_sec"],
             )
+            for row in rows
+        ]
+
+    async def live_task_specs(self) -> list[PublishedTask]:
+        """Every contract live processes publish, by task name (one per distinct contract)."""
+        rows = await self._db.fetch(queries.LIVE_TASK_SPECS)
+        return [
+            PublishedTask(row["task"], json.loads(row["spec"]), list(row["workers"]))
             for row in rows
         ]
 

@@ -806,11 +806,16 @@ WITH pruned AS (
     WHERE seen_at < now() - make_interval(secs => :prune_after_sec::float8)
       AND worker_id <> :worker_id
 )
-INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec)
-VALUES (:worker_id, :host, :pid, :version, :queues::text::jsonb, :tasks::text[], :period_sec)
+INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, task_specs, period_sec)
+VALUES (:worker_id, :host, :pid, :version, :queues::text::jsonb, :tasks::text[],
+        :task_specs::text::jsonb, :period_sec)
 ON CONFLICT (worker_id) DO UPDATE
 SET queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, period_sec = EXCLUDED.period_sec,
-    seen_at = now()
+    seen_at = now(),
+    -- the stored value kept when unchanged: a large one is not written out again (TOAST) at
+    -- every refresh
+    task_specs = CASE WHEN dl_workers.task_specs = EXCLUDED.task_specs THEN dl_workers.task_specs
+                      ELSE EXCLUDED.task_specs END
 """)
 
 #: A clean stop: this process serves nothing any more.
@@ -824,6 +829,17 @@ SELECT worker_id, host, pid, version, queues::text AS queues, tasks, started_at,
 FROM dl_workers
 WHERE seen_at > now() - make_interval(secs => 3 * period_sec)
 ORDER BY worker_id
+"""
+
+#: The contracts of the tasks live processes know, each with the processes that publish it
+#: (LIVE_WORKERS's liveness). Processes of different versions may publish different contracts
+#: under one name: each is a row.
+LIVE_TASK_SPECS: Final = """
+SELECT s.key AS task, s.value::text AS spec, array_agg(w.worker_id ORDER BY w.worker_id) AS workers
+FROM dl_workers w CROSS JOIN LATERAL jsonb_each(w.task_specs) AS s
+WHERE w.seen_at > now() - make_interval(secs => 3 * w.period_sec)
+GROUP BY s.key, s.value
+ORDER BY s.key, min(w.worker_id)
 """
 
 #: The task names live processes know (LIVE_WORKERS's liveness).

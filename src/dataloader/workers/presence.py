@@ -13,9 +13,11 @@ import logging
 import os
 import socket
 from importlib.metadata import version
+from typing import Any
 
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.workers.pipelines.contracts import registry_specs
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.waiting import jittered, wait_any
 
@@ -38,6 +40,8 @@ class Presence:
         self._queues = queues
         self._registry = registry
         self._period = period_sec
+        self._specs: dict[str, dict[str, Any]] = {}
+        self._specs_of: tuple[tuple[str, int], ...] | None = None
 
     def info(self) -> WorkerInfo:
         """The row as of now (pipelines registered after the start show at the next refresh).
@@ -50,7 +54,16 @@ class Presence:
             queues=dict(self._queues),
             tasks=list(self._registry) if self._queues else [],
             period_sec=self._period,
+            task_specs=self._task_specs() if self._queues else {},
         )
+
+    def _task_specs(self) -> dict[str, dict[str, Any]]:
+        """The registry's contracts, computed again only when its tasks changed."""
+        tasks = tuple((name, id(self._registry.get(name))) for name in self._registry)
+        if tasks != self._specs_of:
+            self._specs = registry_specs(self._registry)
+            self._specs_of = tasks
+        return self._specs
 
     async def register(self) -> None:
         """Record the process (at start: errors propagate, like the pool's own)."""

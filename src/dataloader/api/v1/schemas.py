@@ -196,6 +196,41 @@ class QueueListResponse(BaseModel):
     )
 
 
+class TaskContractResponse(BaseModel):
+    """A task as live workers publish it: what producers must send, and what it returns.
+    (Fields a worker of another version does not publish take their defaults.)"""
+
+    name: str
+    queue: str | None = Field(None, description="The task's queue (null: the trigger names one).")
+    priority: int | None = Field(None, description="Default priority (null: the settings').")
+    max_attempts: int | None = Field(None, description="Default attempts (null: the settings').")
+    lease_ttl_sec: int | None = Field(None, description="Default lease (null: the settings').")
+    timeout_sec: float | None = Field(None, description="Longest an attempt may run (null: none).")
+    retry: str | None = Field(
+        None, description="The retry policy (null: the settings' linear one)."
+    )
+    non_retryable: list[str] = Field(
+        default_factory=list, description="Exceptions that fail the job at once."
+    )
+    args_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object"},
+        description="JSON Schema of the trigger's `args`.",
+    )
+    result_schema: dict[str, Any] = Field(
+        default_factory=dict, description="JSON Schema of the job's `result` ({}: any JSON value)."
+    )
+    workers: list[str] = Field(description="The live processes that publish this contract.")
+
+
+class TaskListResponse(BaseModel):
+    """`GET /api/v1/tasks` output."""
+
+    tasks: list[TaskContractResponse] = Field(
+        description="By name; a task whose live processes publish different contracts (a"
+        " rolling upgrade) appears once per contract."
+    )
+
+
 class ErrorResponse(BaseModel):
     """Body of 4xx/5xx answers that are not validation errors."""
 

@@ -1,0 +1,42 @@
+"""API v1 task routes: the contracts of the tasks live workers run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.v1.schemas import TaskContractResponse, TaskListResponse
+from dataloader.config import Scope
+from dataloader.storage.presence import PresenceStore
+
+router = APIRouter(
+    prefix="/api/v1/tasks", tags=["tasks"], responses=AUTH_ERRORS, route_class=AuthorizedRoute
+)
+
+
+async def get_presence(request: Request) -> PresenceStore:
+    presence: PresenceStore = request.app.state.presence
+    return presence
+
+
+Presence = Annotated[PresenceStore, Depends(get_presence)]
+
+
+@router.get(
+    "",
+    response_model=TaskListResponse,
+    operation_id="list_tasks",
+    dependencies=[requires(Scope.read)],
+)
+async def list_tasks(presence: Presence) -> TaskListResponse:
+    """Every task some live worker runs: its queue and options, the JSON Schema of its args
+    (validate before you trigger) and of its result, and the processes that publish it."""
+    published = await presence.live_task_specs()
+    return TaskListResponse(
+        tasks=[
+            TaskContractResponse.model_validate(p.spec | {"name": p.name, "workers": p.workers})
+            for p in published
+        ]
+    )
