@@ -1,5 +1,6 @@
 """The `dataloader` command (also `python -m dataloader`): `serve` (the default when no command
-is given), `worker` (the workers without the HTTP API) and `migrate`.
+is given), `worker` (the workers without the HTTP API), `migrate`, and `contract export | check
+| generate` (queue contracts, `dataloader.contract`).
 
 Start-up problems (bad settings, unreachable database, unknown pipeline module) end the process
 with one line on stderr and a non-zero exit code, never a traceback.
@@ -15,19 +16,31 @@ import signal
 import socket
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import uvicorn
 
 from dataloader.config import Settings, load_settings
 from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
+from dataloader.contract import (
+    Contract,
+    ContractError,
+    check_contract,
+    dump_contract,
+    export_contract,
+    generate_code,
+    load_contract_file,
+)
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_dsn, mask_text
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.storage.migrate import MigrationReport
+from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.workers.pipelines.registry import registry as default_registry
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -199,7 +212,10 @@ def serve() -> None:
         _fail(f"invalid configuration: {exc}", 2)
     except DataloaderError as exc:
         _fail(str(exc), 1)
-    application = create_app(settings)
+    try:
+        application = create_app(settings)
+    except ContractError as exc:
+        _fail(f"invalid configuration: DL_CONTRACT_FILE: {exc}", 2)
     server = _Server(
         uvicorn.Config(
             application,
@@ -354,6 +370,70 @@ def migrate() -> None:
 
 async def _migrate(settings: Settings) -> MigrationReport:
     return await run_migrations(await resolve_dsn(settings))
+
+
+contract_app = typer.Typer(
+    help="Queue contracts: a YAML file of queues, tasks, options and args fields.",
+    no_args_is_help=True,
+)
+app.add_typer(contract_app, name="contract")
+ContractFile = Annotated[Path, typer.Argument(help="The contract file.")]
+OutFile = Annotated[Path | None, typer.Option("--out", "-o", help="Write here, not to stdout.")]
+
+
+@contract_app.command("export")
+def contract_export(out: OutFile = None) -> None:
+    """Write the contract of the tasks your modules register (DL_PIPELINE_MODULES; the
+    built-in demo tasks left out): their queues, options and args fields."""
+    _write(dump_contract(export_contract(_user_tasks())), out)
+
+
+@contract_app.command("check")
+def contract_check(file: ContractFile) -> None:
+    """Whether the tasks your modules register still honour FILE: exit 0 (additions are
+    listed as notes), or 1 with one line per breaking change (a task, field or option that
+    producers following FILE rely on, gone or changed). A gate for CI."""
+    findings = check_contract(_read_contract(file), _user_tasks())
+    for finding in findings:
+        typer.echo(str(finding))
+    breaking = sum(finding.breaking for finding in findings)
+    if breaking:
+        _fail(f"{file}: {breaking} breaking change(s)", 1)
+    typer.echo(f"{file}: honoured ({len(findings)} addition(s))")
+
+
+@contract_app.command("generate")
+def contract_generate(file: ContractFile, out: OutFile = None) -> None:
+    """Write a Python module from FILE: a pydantic model of each task's args and a handler
+    stub registered with its queue and options."""
+    _write(generate_code(_read_contract(file)), out)
+
+
+def _user_tasks() -> TaskRegistry:
+    """The tasks DL_PIPELINE_MODULES registers (not the built-in demo tasks)."""
+    settings = _settings()
+    try:
+        import_pipelines(settings.pipeline_modules)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    return default_registry.only(lambda task: task.handler.__module__ not in BUILTIN_PIPELINES)
+
+
+def _read_contract(file: Path) -> Contract:
+    try:
+        return load_contract_file(file)
+    except ContractError as exc:
+        _fail(str(exc), 2)
+
+
+def _write(text: str, out: Path | None) -> None:
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}", 2)
 
 
 def main() -> None:

@@ -181,6 +181,11 @@ class Settings(BaseSettings):
         " queue, and the requests it answered, per route and status (each job's own lines,"
         " and each answered request's, are at DEBUG); 0: no summary.",
     )
+    contract_file: Path | None = Field(
+        default=None,
+        description="A contract file (YAML, `dataloader contract`): a trigger of a task it"
+        " declares must name the task's queue and send args that satisfy its fields (422).",
+    )
     access_log: bool = Field(
         default=False,
         description="An INFO line for every request (by default only for those answered"

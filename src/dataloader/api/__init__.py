@@ -22,6 +22,7 @@ from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
 from dataloader.api.v1.tasks import router as tasks_router
 from dataloader.config import Settings
+from dataloader.contract import ContractGuard, load_contract_file
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
 from dataloader.storage.connections import GuardedPool
@@ -36,10 +37,16 @@ DOCS_ASSETS_URL = "/docs/assets"
 def create_app(
     settings: Settings, registry: PipelineRegistry | None = None, *, run_workers: bool = True
 ) -> FastAPI:
-    """Build the service. `run_workers=False` serves the API only."""
+    """Build the service. `run_workers=False` serves the API only. ContractError when
+    `settings.contract_file` cannot be read."""
     pipelines = registry if registry is not None else default_registry
     live_tasks = LiveTasks()
     requests = request_summary(settings.log_summary_sec)
+    contract = (
+        None
+        if settings.contract_file is None
+        else ContractGuard(load_contract_file(settings.contract_file))
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,7 +58,7 @@ def create_app(
             presence = PresenceStore(GuardedPool(runner.context.pool, settings.db_timeout_sec))
             live_tasks.store = presence
             app.state.presence = presence
-            app.state.jobs_service = JobsService(runner.client, settings, live_tasks)
+            app.state.jobs_service = JobsService(runner.client, settings, live_tasks, contract)
             app.state.manager = runner.manager
             app.state.client = runner.client
             yield

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from dataloader.exceptions import (
     DatabaseUnavailable,
     IdempotencyConflict,
+    InvalidJob,
     InvalidJobArgs,
     JobNotFound,
     UnknownTask,
@@ -42,6 +43,12 @@ async def _conflict(_request: Request, exc: Exception) -> JSONResponse:
 async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
     # Same shape as FastAPI's own validation errors, so clients parse one format.
     detail = [{"type": "invalid_args", "loc": ["body", "args"], "msg": str(exc)}]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _invalid_job(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidJob)
+    detail = [{"type": "invalid_job", "loc": ["body", exc.field], "msg": str(exc)}]
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
@@ -106,6 +113,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
+    app.add_exception_handler(InvalidJob, _invalid_job)
     app.add_exception_handler(UnknownTask, _unknown_task)
     app.add_exception_handler(IdempotencyConflict, _conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,5 +1,5 @@
 """API v1 business logic: the client's rules (`dataloader.Client`), plus what only HTTP needs:
-refusing tasks no live process knows."""
+refusing tasks no live process knows, and triggers that break the contract (DL_CONTRACT_FILE)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import asdict
 from dataloader.api.live import LiveTasks, describe_known
 from dataloader.client import Client
 from dataloader.config import Settings
+from dataloader.contract import ContractGuard
 from dataloader.core.models import JobState, NewJob
 from dataloader.exceptions import JobNotFound, UnknownTask
 
@@ -18,10 +19,17 @@ from .schemas import JobStatusResponse, TriggerRequest, TriggerResponse
 class JobsService:
     """Trigger, read and cancel jobs."""
 
-    def __init__(self, client: Client, settings: Settings, live_tasks: LiveTasks) -> None:
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings,
+        live_tasks: LiveTasks,
+        contract: ContractGuard | None = None,
+    ) -> None:
         self._client = client
         self._settings = settings
         self._live_tasks = live_tasks
+        self._contract = contract
 
     async def trigger(self, request: TriggerRequest) -> TriggerResponse:
         """Idempotent enqueue, with the client's checks and defaults. A task no live process
@@ -32,6 +40,8 @@ class JobsService:
         ):
             known = describe_known(self._live_tasks.last_known or frozenset())
             raise UnknownTask(request.task, known)
+        if self._contract is not None:
+            self._contract.check(request.task, request.queue, request.args)
         result = await self._client.enqueue(
             NewJob(
                 queue=request.queue,

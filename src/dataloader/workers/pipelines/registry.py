@@ -146,6 +146,12 @@ class TaskRegistry:
         """The task `name`, or None when this process does not know it."""
         return self._tasks.get(name)
 
+    def only(self, keep: Callable[[Task], bool]) -> TaskRegistry:
+        """A new registry holding the tasks `keep` accepts."""
+        kept = TaskRegistry()
+        kept._tasks.update({name: t for name, t in self._tasks.items() if keep(t)})
+        return kept
+
     def copy(self) -> TaskRegistry:
         """A new registry holding the same tasks (to extend without touching this one)."""
         clone = TaskRegistry()

@@ -1,0 +1,186 @@
+"""Contract files (dataloader/contract.py): export from code, read back, check, generate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import Base64Bytes, BaseModel
+
+from dataloader import JobContext, TaskRegistry
+from dataloader.contract import (
+    Contract,
+    ContractError,
+    Int64,
+    args_model,
+    check_contract,
+    dump_contract,
+    export_contract,
+    generate_code,
+    load_contract,
+)
+
+
+class SendArgs(BaseModel):
+    to: str
+    user_id: Int64
+    attempts: int
+    score: float
+    urgent: bool
+    body: Base64Bytes
+    ids: list[Int64]
+    tags: list[str] | None = None
+    extra: dict[str, Any] | None = None  # no contract type: kept as its JSON Schema
+
+
+def registry_with(args: type[BaseModel] = SendArgs, **options: Any) -> TaskRegistry:
+    registry = TaskRegistry()
+
+    @registry.task("emails.send", queue="emails", args=args, **options)
+    async def send(ctx: JobContext[Any]) -> None:
+        return None
+
+    @registry.task("misc.ping")
+    async def ping(ctx: JobContext[dict[str, Any]]) -> None:
+        return None
+
+    return registry
+
+
+CONTRACT = """
+version: 1
+queues:
+  emails:
+    tasks:
+      emails.send:
+        options: {max_attempts: 5}
+        args:
+          to: string
+          user_id: int64
+          attempts: int
+          score: float
+          urgent: bool
+          body: bytes
+          ids: "[]int64"
+          tags: "[]string?"
+          extra:
+            json_schema:
+              anyOf: [{type: object, additionalProperties: true}, {type: "null"}]
+              default: null
+tasks:
+  misc.ping: {}
+"""
+
+
+def test_the_export_of_code_reads_back_as_the_same_contract() -> None:
+    exported = export_contract(registry_with(max_attempts=5))
+    text = dump_contract(exported)
+    assert text.startswith("version: 1\n")
+    assert load_contract(text) == exported == load_contract(CONTRACT)
+
+
+def test_code_that_matches_honours_the_contract() -> None:
+    assert check_contract(load_contract(CONTRACT), registry_with(max_attempts=5)) == []
+
+
+class Changed(BaseModel):
+    """SendArgs with every kind of breaking change, and one addition."""
+
+    to: int  # retyped
+    user_id: Int64
+    attempts: int
+    score: float
+    urgent: bool
+    body: Base64Bytes
+    ids: list[Int64]
+    tags: list[str]  # made required
+    # `extra` gone
+    region: str  # a required field producers do not send
+    note: str | None = None  # optional: an addition
+
+
+def test_each_breaking_change_is_named_and_additions_are_notes() -> None:
+    findings = check_contract(load_contract(CONTRACT), registry_with(Changed, max_attempts=3))
+    assert sorted(str(f) for f in findings) == [
+        "BREAKING: emails.send: field extra: in the contract, not in the code",
+        "BREAKING: emails.send: field region: required, not in the contract",
+        "BREAKING: emails.send: field tags: required, contract optional",
+        "BREAKING: emails.send: field to: int, contract string",
+        "BREAKING: emails.send: max_attempts 3, contract 5",
+        "note: emails.send: field note: optional, not in the contract",
+    ]
+
+
+def test_a_task_gone_or_moved_breaks_the_contract_and_a_new_one_is_a_note() -> None:
+    registry = TaskRegistry()
+
+    @registry.task("emails.send", queue="mail", args=SendArgs, max_attempts=5)
+    async def send(ctx: JobContext[Any]) -> None:
+        return None
+
+    @registry.task("misc.new")
+    async def new(ctx: JobContext[Any]) -> None:
+        return None
+
+    assert sorted(str(f) for f in check_contract(load_contract(CONTRACT), registry)) == [
+        "BREAKING: emails.send: queue 'mail', contract 'emails'",
+        "BREAKING: misc.ping: in the contract, not registered",
+        "note: misc.new: registered, not in the contract",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("version: 2", "version: Input should be 1"),
+        ("queues: {q: {tasks: {t: {args: {a: integer}}}}}", "task t, field a: unknown type"),
+        ("queues: {q: {tasks: {t: {retries: 3}}}}", "queues.q.tasks.t.retries: Extra inputs"),
+        ("queues: [", "not YAML"),
+    ],
+)
+def test_a_bad_contract_is_one_line_saying_where(text: str, message: str) -> None:
+    with pytest.raises(ContractError) as raised:
+        load_contract(text)
+    assert str(raised.value).startswith(message)
+    assert "\n" not in str(raised.value)
+
+
+def test_generated_code_registers_each_task_with_the_contract_s_models(tmp_path: Path) -> None:
+    """The module imports (in a process of its own: it registers its tasks globally), its
+    models take what the contract describes, and each stub has the contract's options."""
+    (tmp_path / "generated.py").write_text(generate_code(load_contract(CONTRACT)))
+    probe = """
+import base64, generated, dataloader
+sent = generated.EmailsSendArgs.model_validate({
+    "to": "a@b.c", "user_id": 2**40, "attempts": 1, "score": 0.5, "urgent": False,
+    "body": base64.b64encode(b"hello").decode(), "ids": [1, 2]})
+assert sent.body == b"hello" and sent.tags is None
+task = dataloader.registry.get("emails.send")
+assert (task.queue, task.max_attempts, task.args_model) == ("emails", 5, generated.EmailsSendArgs)
+assert dataloader.registry.get("misc.ping").queue is None
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_contract_s_args_model_refuses_what_breaks_it() -> None:
+    spec = load_contract(CONTRACT).queues["emails"].tasks["emails.send"]
+    model = args_model("emails.send", spec)
+    with pytest.raises(ValueError, match="user_id"):
+        model.model_validate(
+            {
+                "to": "x",
+                "user_id": 2**63,
+                "attempts": 1,
+                "score": 1.0,
+                "urgent": True,
+                "body": "",
+                "ids": [],
+            }
+        )
+    assert Contract().all_tasks() == {}
