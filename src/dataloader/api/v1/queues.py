@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path
 from starlette.convertors import Convertor, register_url_convertor
 
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import Name, QueueListResponse, QueueStatsResponse
 from dataloader.client import Client
 from dataloader.config import Scope
@@ -35,12 +36,7 @@ router = APIRouter(
 )
 
 
-async def get_client(request: Request) -> Client:
-    client: Client = request.app.state.client
-    return client
-
-
-Queues = Annotated[Client, Depends(get_client)]
+Queues = Annotated[Client, Depends(from_state("client"))]
 
 
 @router.get(

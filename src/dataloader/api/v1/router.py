@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     IdempotencyConflictResponse,
@@ -23,13 +24,7 @@ router = APIRouter(
 )
 
 
-async def get_service(request: Request) -> JobsService:
-    # async: FastAPI runs a plain function dependency in a thread, a hop per request
-    service: JobsService = request.app.state.jobs_service
-    return service
-
-
-Service = Annotated[JobsService, Depends(get_service)]
+Service = Annotated[JobsService, Depends(from_state("jobs_service"))]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No job with this id"}
 }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import TaskContractResponse, TaskListResponse
 from dataloader.config import Scope
 from dataloader.storage.presence import PresenceStore
@@ -16,12 +17,7 @@ router = APIRouter(
 )
 
 
-async def get_presence(request: Request) -> PresenceStore:
-    presence: PresenceStore = request.app.state.presence
-    return presence
-
-
-Presence = Annotated[PresenceStore, Depends(get_presence)]
+Presence = Annotated[PresenceStore, Depends(from_state("presence"))]
 
 
 @router.get(
