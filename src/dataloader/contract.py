@@ -81,6 +81,7 @@ class RawField(_Strict):
     """A field the contract types cannot state, kept as its JSON Schema."""
 
     json_schema: dict[str, Any]
+    optional: bool = False
 
 
 class TaskContract(_Strict):
@@ -185,7 +186,7 @@ def _fields_of(schema: dict[str, Any]) -> dict[str, str | RawField]:
         optional = field not in required
         kind = _type_of(_without_null(prop) if optional else prop)
         if kind is None:
-            fields[field] = RawField(json_schema=_bare(prop, schema))
+            fields[field] = RawField(json_schema=_bare(prop, schema), optional=optional)
         else:
             fields[field] = kind + ("?" if optional else "")
     return fields
@@ -282,7 +283,7 @@ def _field_findings(
 
 
 def _optional(kind: str | RawField) -> bool:
-    return isinstance(kind, RawField) or kind.endswith("?")
+    return kind.optional if isinstance(kind, RawField) else kind.endswith("?")
 
 
 def _base(kind: str | RawField) -> str | dict[str, Any]:
@@ -308,15 +309,16 @@ def _parse_type(kind: str) -> tuple[Any, str, bool] | None:
 
 
 def args_model(task: str, spec: TaskContract) -> type[BaseModel]:
-    """The task's args as a pydantic model (fields the contract cannot type take any JSON)."""
+    """The task's args as a pydantic model (fields the contract cannot type take any JSON).
+    Each field is known by its name in JSON, whatever it is (`user-id`, `_x`)."""
     fields: dict[str, Any] = {}
-    for field, kind in spec.args.items():
+    for i, (field, kind) in enumerate(spec.args.items()):
         parsed = None if isinstance(kind, RawField) else _parse_type(kind)
-        if parsed is None:
-            fields[field] = (Any, None)
+        python, optional = (Any, _optional(kind)) if parsed is None else (parsed[0], parsed[2])
+        if optional:
+            fields[f"field_{i}"] = (python | None, Field(None, alias=field))
         else:
-            python, _, optional = parsed
-            fields[field] = (python | None, None) if optional else (python, ...)
+            fields[f"field_{i}"] = (python, Field(..., alias=field))
     model: type[BaseModel] = create_model(_class_name(task) + "Args", **fields)
     return model
 
@@ -389,7 +391,7 @@ def _field_line(field: str, kind: str | RawField) -> str:
     parsed = None if isinstance(kind, RawField) else _parse_type(kind)
     name = field if field.isidentifier() and not keyword.iskeyword(field) else None
     if parsed is None:
-        annotation, default = "Any", " = None"
+        annotation, default = "Any", " = None" if _optional(kind) else ""
     else:
         _, text, optional = parsed
         annotation, default = (f"{text} | None", " = None") if optional else (text, "")

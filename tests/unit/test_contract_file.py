@@ -70,6 +70,7 @@ queues:
             json_schema:
               anyOf: [{type: object, additionalProperties: true}, {type: "null"}]
               default: null
+            optional: true
 tasks:
   misc.ping: {}
 """
@@ -184,3 +185,14 @@ def test_the_contract_s_args_model_refuses_what_breaks_it() -> None:
             }
         )
     assert Contract().all_tasks() == {}
+
+
+def test_fields_are_known_by_their_json_names_whatever_they_are() -> None:
+    text = "tasks:\n  t:\n    args:\n      user-id: int\n      _private: string?\n"
+    spec = load_contract(text).tasks["t"]
+    model = args_model("t", spec)
+    model.model_validate({"user-id": 1, "_private": "x"})
+    with pytest.raises(ValueError, match="user-id"):
+        model.model_validate({"user-id": "one"})
+    with pytest.raises(ValueError, match="user-id"):
+        model.model_validate({"user_id": 1})
