@@ -285,7 +285,7 @@ class QueueWorker:
             task: asyncio.Task[object] = asyncio.create_task(
                 found.handler(ctx)
                 if found.timeout_sec is None
-                else _within(found.handler(ctx), found.timeout_sec),
+                else within_timeout(found.handler(ctx), found.timeout_sec),
                 name=f"dataloader-pipeline-{job.job_id}",
             )
         except InvalidJobArgs as exc:
@@ -297,7 +297,7 @@ class QueueWorker:
         running.attach(task)
         await asyncio.wait([task])
         duration_ms = round((time.monotonic() - started) * 1000)
-        return _outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
+        return outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
 
 
 def _due_at(now: float, due_in: float | None) -> float:
@@ -305,7 +305,7 @@ def _due_at(now: float, due_in: float | None) -> float:
     return float("inf") if due_in is None else now + due_in
 
 
-async def _within(coro: Coroutine[Any, Any, object], timeout: float) -> object:
+async def within_timeout(coro: Coroutine[Any, Any, object], timeout: float) -> object:
     """Run a task's coroutine, cancelled after `timeout` seconds: it then fails with
     TaskTimeout. A TimeoutError of the task's own (an inner `asyncio.timeout`, a client
     library's) stays what it is. The limit is cooperative, like any cancellation: a task that
@@ -320,9 +320,7 @@ async def _within(coro: Coroutine[Any, Any, object], timeout: float) -> object:
         raise
 
 
-def _outcome_of(
-    running: RunningJob, task: Task, duration_ms: int, max_result_bytes: int
-) -> Outcome:
+def outcome_of(running: RunningJob, task: Task, duration_ms: int, max_result_bytes: int) -> Outcome:
     """Translate how the task's asyncio task ended."""
     pipeline = running.task
     assert pipeline is not None
