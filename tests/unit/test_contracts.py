@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from dataloader import Exponential, JobContext, TaskRegistry
 from dataloader.workers.pipelines.contracts import ANY_OBJECT, ANY_VALUE, task_spec
@@ -87,3 +87,24 @@ def test_without_a_model_args_are_any_object_and_the_annotation_gives_the_result
 def test_a_result_without_a_describable_type_promises_any_json_value() -> None:
     assert spec("etl.untyped")["result_schema"] == ANY_VALUE
     assert spec("etl.odd")["result_schema"] == ANY_VALUE
+
+
+class Opaque:
+    """A type only Python knows."""
+
+
+class OpaqueArgs(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    handle: Opaque | None = None
+
+
+def test_args_whose_schema_cannot_be_stated_publish_any_object() -> None:
+    registry = TaskRegistry()
+
+    @registry.task("odd.args", args=OpaqueArgs)
+    async def odd(ctx: JobContext[OpaqueArgs]) -> None:
+        return None
+
+    task = registry.get("odd.args")
+    assert task is not None
+    assert task_spec(task)["args_schema"] == ANY_OBJECT

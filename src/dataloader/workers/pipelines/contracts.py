@@ -35,11 +35,20 @@ def task_spec(task: Task) -> dict[str, Any]:
         "timeout_sec": task.timeout_sec,
         "retry": None if task.retry is None else _policy_name(task.retry),
         "non_retryable": [_qualified(t) for t in task.non_retryable],
-        "args_schema": ANY_OBJECT
-        if task.args_model is None
-        else task.args_model.model_json_schema(),
+        "args_schema": args_schema(task),
         "result_schema": result_schema(task),
     }
+
+
+def args_schema(task: Task) -> dict[str, Any]:
+    """The JSON Schema of the task's args: its model's (any object without one, or when the
+    model holds a type JSON Schema cannot state: publishing must never stop a worker)."""
+    if task.args_model is None:
+        return ANY_OBJECT
+    try:
+        return task.args_model.model_json_schema()
+    except Exception:
+        return ANY_OBJECT
 
 
 def registry_specs(registry: TaskRegistry) -> dict[str, dict[str, Any]]:
