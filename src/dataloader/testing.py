@@ -1,5 +1,5 @@
 """Test helpers: run a task inline, without a database or workers, and see what a worker would
-make of it.
+make of it (`run_task`); a queue in memory with PostgreSQL's semantics (`InMemoryQueue`).
 
     from dataloader.testing import run_task
 
@@ -22,14 +22,26 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from dataloader.base import JobStatus
 from dataloader.config import Settings
 from dataloader.core import limits
+from dataloader.core.models import EnqueueResult, JobState, QueueStats
 from dataloader.core.retry import Linear
-from dataloader.core.transitions import Ended, Outcome, after_attempt
-from dataloader.exceptions import InvalidJobArgs
+from dataloader.core.transitions import (
+    Ended,
+    JobFacts,
+    Keep,
+    Outcome,
+    Request,
+    Transition,
+    after_attempt,
+    on_cancel,
+    on_expired,
+)
+from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArgs, JobNotFound
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.base import outcome_of, within_timeout
 from dataloader.workers.job_context import JobContext
@@ -176,3 +188,317 @@ def _decided(
     if transition.status is JobStatus.QUEUED:
         run.retry_in_sec = transition.retry_in_sec
     return run
+
+
+# --- a queue in memory ------------------------------------------------------------------------
+
+#: What the in-memory clock's 0 stands for, in the `JobState`s it gives.
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+#: The fields that must match for an idempotency key to name the same job.
+_SAME_JOB_FIELDS = ("queue", "task", "args", "lock_key", "priority", "max_attempts")
+
+
+@dataclass
+class _Job:
+    """One job's row."""
+
+    job_id: uuid.UUID
+    queue: str
+    task: str
+    args: dict[str, Any]
+    lock_key: str
+    idempotency_key: str | None
+    priority: int
+    max_attempts: int
+    lease_ttl_sec: int
+    created: int
+    created_at: float
+    available_at: float
+    status: JobStatus = JobStatus.QUEUED
+    attempt: int = 0
+    handbacks: int = 0
+    claim_seq: int = 0
+    claim_token: uuid.UUID | None = None
+    lease_expires_at: float | None = None
+    cancel_requested: bool = False
+    rerun_requested: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: Any = None
+    error: str | None = None
+    worker_id: str | None = None
+
+    def facts(self) -> JobFacts:
+        return JobFacts(
+            status=self.status,
+            attempt=self.attempt,
+            max_attempts=self.max_attempts,
+            handbacks=self.handbacks,
+            cancel_requested=self.cancel_requested,
+            rerun_requested=self.rerun_requested,
+        )
+
+
+class InMemoryQueue:
+    """A queue in memory, with the semantics of dataloader's PostgreSQL queue for producers
+    (enqueue with idempotency keys, priorities, delays; read, cancel, statistics) and for
+    workers (claim with a visibility timeout, one running job per lock_key; complete, retry,
+    fail, fenced by the claim), decided by the same rules (`core.transitions`). Time is a
+    clock the test moves (`advance`): a delay or a lease runs out when the test says so.
+
+    For tests of code that enqueues and works jobs, without a database. The behavioural suite
+    of the repository runs the same scenarios against this queue and against PostgreSQL."""
+
+    def __init__(
+        self, *, registry: TaskRegistry | None = None, settings: Settings | None = None
+    ) -> None:
+        self.registry = registry if registry is not None else default_registry
+        self.settings = settings if settings is not None else Settings(_env_file=None)
+        self.now = 0.0
+        self._jobs: dict[uuid.UUID, _Job] = {}
+        self._by_key: dict[str, uuid.UUID] = {}
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass."""
+        self.now += seconds
+
+    # --- producers ------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        task: str,
+        args: dict[str, Any] | None = None,
+        *,
+        lock_key: str,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay_sec: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> EnqueueResult:
+        """Enqueue a job, with the task's options as defaults; the same idempotency key with
+        the same fields gives the same job, with others IdempotencyConflict."""
+        known = self.registry.get(task)
+        values = dict(args or {})
+        if known is not None:
+            known.check_args(values)
+        chosen_queue = queue or (known.queue if known is not None else None)
+        if chosen_queue is None:
+            raise InvalidJob("queue", f"required: task {task!r} does not name its queue")
+        job = _Job(
+            job_id=uuid.uuid4(),
+            queue=chosen_queue,
+            task=task,
+            args=json.loads(limits.args_json(values)),
+            lock_key=lock_key,
+            idempotency_key=idempotency_key,
+            priority=_first(priority, known.priority if known else None, 100),
+            max_attempts=_first(
+                max_attempts,
+                known.max_attempts if known else None,
+                self.settings.default_max_attempts,
+            ),
+            lease_ttl_sec=_first(
+                known.lease_ttl_sec if known else None, self.settings.default_lease_ttl_sec
+            ),
+            created=len(self._jobs),
+            created_at=self.now,
+            available_at=self.now + delay_sec,
+        )
+        if idempotency_key is not None and idempotency_key in self._by_key:
+            holder = self._jobs[self._by_key[idempotency_key]]
+            differs = [f for f in _SAME_JOB_FIELDS if getattr(holder, f) != getattr(job, f)]
+            if differs:
+                raise IdempotencyConflict(idempotency_key, holder.job_id, differs)
+            return EnqueueResult(holder.job_id, holder.status, False)
+        self._jobs[job.job_id] = job
+        if idempotency_key is not None:
+            self._by_key[idempotency_key] = job.job_id
+        return EnqueueResult(job.job_id, job.status, True)
+
+    async def get(self, job_id: uuid.UUID) -> JobState | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else _state(job)
+
+    async def cancel(self, job_id: uuid.UUID) -> JobState:
+        """Queued: canceled now; running: asked to stop; finished: unchanged."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job {job_id}")
+        decided = on_cancel(job.facts())
+        if isinstance(decided, Transition):
+            self._apply(job, decided)
+        elif isinstance(decided, Request):
+            job.cancel_requested = job.cancel_requested or decided.cancel
+        return _state(job)
+
+    async def stats(self, queue: str) -> QueueStats:
+        """What `queue` holds now (`waiting`: due jobs whose lock_key's job runs)."""
+        jobs = [j for j in self._jobs.values() if j.queue == queue]
+        running_keys = {j.lock_key for j in jobs if j.status is JobStatus.RUNNING}
+        queued = [j for j in jobs if j.status is JobStatus.QUEUED]
+        due = [j for j in queued if j.available_at <= self.now]
+        waiting = sum(j.lock_key in running_keys for j in due)
+        return QueueStats(
+            queue=queue,
+            ready=len(due) - waiting,
+            waiting=waiting,
+            delayed=len(queued) - len(due),
+            running=sum(j.status is JobStatus.RUNNING for j in jobs),
+            failed=sum(j.status is JobStatus.FAILED for j in jobs),
+            lost=sum(j.status is JobStatus.LOST for j in jobs),
+            oldest_ready_age_sec=max((self.now - j.available_at for j in due), default=None),
+        )
+
+    # --- workers --------------------------------------------------------------------------
+
+    async def claim(self, queue: str, limit: int = 1, worker_id: str = "test") -> list[ClaimedJob]:
+        """Up to `limit` due jobs of `queue` in claim order (priority, then age), at most one
+        per lock_key and none whose lock_key's job runs; each runs for its lease (its
+        visibility timeout) unless completed, retried or failed first."""
+        running_keys = {j.lock_key for j in self._jobs.values() if j.status is JobStatus.RUNNING}
+        due = sorted(
+            (
+                j
+                for j in self._jobs.values()
+                if j.queue == queue and j.status is JobStatus.QUEUED and j.available_at <= self.now
+            ),
+            key=lambda j: (j.priority, j.created_at, j.created),
+        )
+        claimed: list[ClaimedJob] = []
+        for job in due:
+            if len(claimed) >= limit or job.lock_key in running_keys:
+                continue
+            running_keys.add(job.lock_key)
+            job.status, job.attempt, job.claim_seq = (
+                JobStatus.RUNNING,
+                job.attempt + 1,
+                job.claim_seq + 1,
+            )
+            job.claim_token, job.worker_id = uuid.uuid4(), worker_id
+            job.lease_expires_at = self.now + job.lease_ttl_sec
+            job.started_at = job.started_at if job.started_at is not None else self.now
+            claimed.append(_claimed(job))
+        return claimed
+
+    async def complete(self, claim: ClaimedJob, result: Any = None) -> bool:
+        """The claimed job succeeded with `result`; False (nothing written) if the claim is no
+        longer the job's (its lease ran out and it was claimed again, it was cancelled…)."""
+        text = limits.result_json(result, self.settings.max_result_bytes)
+        return self._settle(claim, Outcome(Ended.SUCCEEDED, result=text))
+
+    async def retry(self, claim: ClaimedJob, after_sec: float, error: str = "retry") -> bool:
+        """The attempt failed: run the job again in `after_sec` (failed if none is left)."""
+        return self._settle(claim, Outcome(Ended.FAILED, error, retry_after_sec=after_sec))
+
+    async def fail(self, claim: ClaimedJob, error: str) -> bool:
+        """The job failed for good."""
+        return self._settle(claim, Outcome(Ended.FAILED, error, retryable=False))
+
+    async def expire_leases(self) -> int:
+        """The reaper's pass: running jobs whose lease ran out go back to the queue (lost on
+        their last attempt); how many."""
+        expired = [
+            j
+            for j in self._jobs.values()
+            if j.status is JobStatus.RUNNING
+            and j.lease_expires_at is not None
+            and j.lease_expires_at <= self.now
+        ]
+        for job in expired:
+            self._apply(job, on_expired(job.facts()))
+        return len(expired)
+
+    def _settle(self, claim: ClaimedJob, outcome: Outcome) -> bool:
+        job = self._jobs.get(claim.job_id)
+        if (
+            job is None
+            or job.status is not JobStatus.RUNNING
+            or job.claim_token != claim.claim_token
+        ):
+            return False
+        known = self.registry.get(job.task)
+        default_retry = Linear(self.settings.retry_base_sec)
+        policy = known.retry if known is not None and known.retry is not None else default_retry
+        self._apply(job, after_attempt(outcome, job.facts(), policy, fallback=default_retry))
+        return True
+
+    def _apply(self, job: _Job, t: Transition) -> None:
+        """Write a decided transition, as the outcome statement writes it."""
+        job.status, job.attempt, job.handbacks = t.status, t.attempt, t.handbacks
+        if t.status is not JobStatus.RUNNING:
+            job.claim_token, job.lease_expires_at = None, None
+        if t.status is JobStatus.QUEUED:
+            job.available_at = self.now + t.retry_in_sec
+        if t.finished:
+            job.finished_at = self.now
+        if not isinstance(t.error, Keep):
+            job.error = t.error
+        if not isinstance(t.result, Keep):
+            job.result = None if t.result is None else json.loads(t.result)
+        if not isinstance(t.cancel_requested, Keep):
+            job.cancel_requested = t.cancel_requested
+        if not isinstance(t.rerun_requested, Keep):
+            job.rerun_requested = t.rerun_requested
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (a task's option left None falls through)."""
+    return next(v for v in values if v is not None)
+
+
+def _at(clock: float) -> datetime:
+    return EPOCH + timedelta(seconds=clock)
+
+
+def _maybe_at(clock: float | None) -> datetime | None:
+    return None if clock is None else _at(clock)
+
+
+def _claimed(job: _Job) -> ClaimedJob:
+    assert job.claim_token is not None
+    return ClaimedJob(
+        job_id=job.job_id,
+        queue=job.queue,
+        task=job.task,
+        args=job.args,
+        lock_key=job.lock_key,
+        lock_hash=0,
+        partition_key="",
+        priority=job.priority,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        lease_ttl_sec=job.lease_ttl_sec,
+        cancel_requested=job.cancel_requested,
+        claim_seq=job.claim_seq,
+        claim_token=job.claim_token,
+        handbacks=job.handbacks,
+        rerun_requested=job.rerun_requested,
+    )
+
+
+def _state(job: _Job) -> JobState:
+    return JobState(
+        job_id=job.job_id,
+        status=job.status,
+        attempt=job.attempt,
+        started_at=_maybe_at(job.started_at),
+        finished_at=_maybe_at(job.finished_at),
+        heartbeat_at=None,
+        error=job.error,
+        progress={},
+        queue=job.queue,
+        task=job.task,
+        max_attempts=job.max_attempts,
+        cancel_requested=job.cancel_requested,
+        created_at=_at(job.created_at),
+        available_at=_at(job.available_at),
+        lock_key=job.lock_key,
+        idempotency_key=job.idempotency_key,
+        priority=job.priority,
+        result=job.result,
+        duration_ms=None,
+        worker_id=job.worker_id,
+        checkpoint=None,
+        rerun_requested=job.rerun_requested,
+    )
