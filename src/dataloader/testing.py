@@ -273,10 +273,11 @@ class InMemoryQueue:
         queue: str | None = None,
         idempotency_key: str | None = None,
         priority: int | None = None,
-        delay_sec: float = 0.0,
+        available_at: timedelta | None = None,
         max_attempts: int | None = None,
     ) -> EnqueueResult:
-        """Enqueue a job, with the task's options as defaults; the same idempotency key with
+        """Enqueue a job, as `Client.enqueue` does: the task's options as defaults, args
+        checked by its model, `available_at` a delay from now; the same idempotency key with
         the same fields gives the same job, with others IdempotencyConflict."""
         known = self.registry.get(task)
         values = dict(args or {})
@@ -303,7 +304,7 @@ class InMemoryQueue:
             ),
             created=len(self._jobs),
             created_at=self.now,
-            available_at=self.now + delay_sec,
+            available_at=self.now + (0.0 if available_at is None else available_at.total_seconds()),
         )
         if idempotency_key is not None and idempotency_key in self._by_key:
             holder = self._jobs[self._by_key[idempotency_key]]

@@ -67,11 +67,7 @@ class Postgres:
         self.conn = conn
         self.reaper = Reaper(protocol, 60, "suite-reaper")
 
-    async def enqueue(
-        self, task: str, args: dict[str, Any] | None = None, *, delay_sec: float = 0, **options: Any
-    ) -> Any:
-        if delay_sec:
-            options["available_at"] = timedelta(seconds=delay_sec)
+    async def enqueue(self, task: str, args: dict[str, Any] | None = None, **options: Any) -> Any:
         return await self.client.enqueue(task, args, **options)
 
     async def get(self, job_id: uuid.UUID) -> JobState | None:
@@ -173,7 +169,7 @@ async def test_claims_follow_priority_then_age(backend: Backend) -> None:
 
 
 async def test_a_delayed_job_waits_until_it_is_due(backend: Backend) -> None:
-    job = await enqueue(backend, "a", delay_sec=60)
+    job = await enqueue(backend, "a", available_at=timedelta(seconds=60))
     assert await backend.claim(QUEUE) == []
     assert (await backend.stats(QUEUE)).delayed == 1
     await backend.advance(61)
@@ -266,7 +262,7 @@ async def test_cancel_ends_a_queued_job_and_asks_a_running_one(backend: Backend)
 async def test_statistics_count_each_state(backend: Backend) -> None:
     for key in ("a", "b", "c"):
         await enqueue(backend, key)
-    await enqueue(backend, "later", delay_sec=3600)
+    await enqueue(backend, "later", available_at=timedelta(hours=1))
     (claim,) = await backend.claim(QUEUE)
     stats = await backend.stats(QUEUE)
     assert (stats.ready, stats.delayed, stats.running, stats.total) == (2, 1, 1, 4)
