@@ -37,13 +37,13 @@ from dataloader.core.transitions import (
     Outcome,
     Request,
     Transition,
-    after_attempt,
     on_cancel,
     on_expired,
 )
 from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArgs, JobNotFound
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.base import outcome_of, within_timeout
+from dataloader.workers.completer import decide
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import Task, TaskRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
@@ -177,9 +177,7 @@ def _decided(
     run: TaskRun, outcome: Outcome, job: ClaimedJob, task: Task, settings: Settings
 ) -> TaskRun:
     """Fill `run` with where the job goes after `outcome`, by the worker's rules."""
-    default_retry = Linear(settings.retry_base_sec)
-    policy = task.retry if task.retry is not None else default_retry
-    transition = after_attempt(outcome, job.facts(), policy, fallback=default_retry)
+    transition = decide(outcome, job.facts(), task, Linear(settings.retry_base_sec))
     run.status = transition.status
     if outcome.ended is Ended.SUCCEEDED and isinstance(outcome.result, str):
         run.result = json.loads(outcome.result)
@@ -418,10 +416,8 @@ class InMemoryQueue:
             or job.claim_token != claim.claim_token
         ):
             return False
-        known = self.registry.get(job.task)
         default_retry = Linear(self.settings.retry_base_sec)
-        policy = known.retry if known is not None and known.retry is not None else default_retry
-        self._apply(job, after_attempt(outcome, job.facts(), policy, fallback=default_retry))
+        self._apply(job, decide(outcome, job.facts(), self.registry.get(job.task), default_retry))
         return True
 
     def _apply(self, job: _Job, t: Transition) -> None:

@@ -42,6 +42,7 @@ from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, af
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,16 @@ class _Pending:
 #: Outcomes whose end may hand the next job of their lock_key to this worker: the job held its
 #: lock and let it go (a job backed off never had it; one handed back may have lost it).
 HANDS_OFF = frozenset({Ended.SUCCEEDED, Ended.FAILED, Ended.CANCELED})
+
+
+def decide(
+    outcome: Outcome, facts: JobFacts, task: Task | None, default_retry: RetryPolicy
+) -> Transition:
+    """The transition of an attempt's outcome: the task's retry policy decides a failure's
+    delay (`default_retry`, Linear(DL_RETRY_BASE_SEC), when it has none or when its own
+    misbehaves). The worker, `run_task` and the in-memory queue decide alike."""
+    policy = task.retry if task is not None and task.retry is not None else default_retry
+    return after_attempt(outcome, facts, policy, fallback=default_retry)
 
 
 class SlotKeeper(Protocol):
@@ -281,16 +292,8 @@ class Completer:
         ]
 
     def _decide(self, pending: _Pending) -> Transition:
-        """The transition of an outcome: the task's retry policy decides a failure's delay
-        (Linear(DL_RETRY_BASE_SEC) when it has none, or when its own misbehaves)."""
         task = self._rt.registry.get(pending.running.job.task)
-        policy = task.retry if task is not None else None
-        return after_attempt(
-            pending.outcome,
-            pending.facts,
-            self._default_retry if policy is None else policy,
-            fallback=self._default_retry,
-        )
+        return decide(pending.outcome, pending.facts, task, self._default_retry)
 
     async def _unlock(self, batch: list[_Pending]) -> None:
         """Release the advisory locks of jobs not yet unlocked, in one round trip. A failure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
@@ -66,14 +67,4 @@ async def get_queue(
 
 
 def _response(stats: QueueStats) -> QueueStatsResponse:
-    return QueueStatsResponse(
-        queue=stats.queue,
-        total=stats.total,
-        ready=stats.ready,
-        waiting=stats.waiting,
-        delayed=stats.delayed,
-        running=stats.running,
-        failed=stats.failed,
-        lost=stats.lost,
-        oldest_ready_age_sec=stats.oldest_ready_age_sec,
-    )
+    return QueueStatsResponse(**asdict(stats), total=stats.total)
