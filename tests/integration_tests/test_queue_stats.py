@@ -91,6 +91,23 @@ async def test_the_oldest_due_job_gives_the_age(
     assert 600 <= age < 660
 
 
+async def test_infinite_and_future_instants_give_no_age(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Rows another program wrote with `infinity`, `-infinity` or a future instant: none is a
+    due job with an age, and none makes the statistics fail."""
+    service = await start_service(run_workers=False)
+    await conn.execute(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at) VALUES"
+        " (gen_random_uuid(), 'odd', 't', 'a', 'infinity'),"
+        " (gen_random_uuid(), 'odd', 't', 'b', '-infinity'),"
+        " (gen_random_uuid(), 'odd', 't', 'c', now() + interval '1 hour')"
+    )
+    stats = (await service.dl.stats("odd"))["odd"]
+    assert stats.oldest_ready_age_sec is None
+    assert stats.total == 3
+
+
 async def test_finished_jobs_are_not_read(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:

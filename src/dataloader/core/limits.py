@@ -118,16 +118,23 @@ def check_lease_ttl(value: object) -> int:
     return check_int(value, LEASE_TTL_MIN, LEASE_TTL_MAX)
 
 
+_INFINITE_INSTANTS: Final = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
 def check_instant(value: object) -> datetime:
-    """An aware datetime that has a UTC equivalent (9999-12-31T23:59:59-14:00 has none)."""
+    """An aware datetime that has a UTC equivalent (9999-12-31T23:59:59-14:00 has none) and is
+    not one of the two extremes the database driver writes as PostgreSQL's `infinity` and
+    `-infinity`, which no clock ever reaches or leaves behind."""
     if not isinstance(value, datetime):
         raise ValueError(f"must be a datetime, not {type(value).__name__}")
     if value.utcoffset() is None:
         raise ValueError("must have a time zone offset")
     try:
-        value.astimezone(UTC)
+        utc = value.astimezone(UTC)
     except OverflowError:
         raise ValueError("out of range once converted to UTC") from None
+    if utc in _INFINITE_INSTANTS:
+        raise ValueError("must be a finite instant, not the first or last one a datetime holds")
     return value
 
 

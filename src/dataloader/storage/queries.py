@@ -200,6 +200,7 @@ SELECT b.queue,
         WHERE w.status = 'queued' AND w.parked = 'lock_key' AND w.queue = b.queue) AS waiting,
        (SELECT EXTRACT(EPOCH FROM now() - o.available_at)::float8 FROM dl_jobs o
         WHERE o.status = 'queued' AND o.queue = b.queue
+          AND o.available_at <= now() AND isfinite(o.available_at)
         ORDER BY o.available_at LIMIT 1) AS oldest_age_sec
 FROM by_status b
 GROUP BY b.queue

@@ -107,10 +107,8 @@ class LockHolder:
     async def try_lock(self, lock_hashes: Iterable[int]) -> set[int]:
         """Lock what can be locked; returns the hashes now held for the caller. A hash already
         held in this process, or listed twice, is busy."""
-        wanted: list[int] = []
-        for lock_hash in lock_hashes:
-            if lock_hash not in self._held and lock_hash not in wanted:
-                wanted.append(lock_hash)
+        # in order, each once (a dict keeps order and tests membership at once)
+        wanted = list(dict.fromkeys(h for h in lock_hashes if h not in self._held))
         if not wanted:
             return set()
         generation = self._generation

@@ -90,6 +90,16 @@ INVALID_TRIGGER_BODIES: list[tuple[str, Any, tuple[str | int, ...]]] = [
         ("body", "available_at"),
     ),
     (
+        "available_at-the-last-instant",
+        with_(available_at="9999-12-31T23:59:59.999999Z"),
+        ("body", "available_at"),
+    ),
+    (
+        "available_at-the-first-instant",
+        with_(available_at="0001-01-01T00:00:00Z"),
+        ("body", "available_at"),
+    ),
+    (
         "available_at-before-year-1-in-utc",
         with_(available_at="0001-01-01T00:00:00+14:00"),
         ("body", "available_at"),
