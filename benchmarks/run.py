@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import multiprocessing
@@ -22,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
+from dataloader import Batch, JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
 from dataloader.storage import queries
 from dataloader.storage.embedded import get_server
 
@@ -650,6 +651,63 @@ async def service_drain(b: Bench) -> dict[str, Any]:
         result["service_vs_pgqueuer_defaults"] = (
             result["service_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
         )
+    return result
+
+
+#: Batch sizes compared by `batch_sizes` (1: the single-job handler).
+BATCH_SIZES = (1, 10, 100)
+
+
+def sink_registry() -> PipelineRegistry:
+    """A small job: one row into a target table. One insert per job, or one per batch."""
+    registry = PipelineRegistry()
+
+    @registry.task("sink.one")
+    async def one(ctx: JobContext[dict[str, Any]]) -> None:
+        await ctx.resources.execute("INSERT INTO bench_sink VALUES ($1)", ctx.args["n"])
+
+    for size in BATCH_SIZES[1:]:
+
+        @registry.task(f"sink.batch{size}", batch_size=size)
+        async def many(batch: Batch[dict[str, Any]]) -> None:
+            rows = [item.args["n"] for item in batch]
+            await batch.resources.execute("INSERT INTO bench_sink SELECT unnest($1::int[])", rows)
+            for item in batch:
+                batch.done(item)
+
+    return registry
+
+
+@contextlib.asynccontextmanager
+async def _sink_pool(app: Any) -> AsyncIterator[asyncpg.Pool]:
+    async with asyncpg.create_pool(app.dsn, min_size=4, max_size=4) as pool:
+        yield pool
+
+
+@phase("batch_sizes")
+async def batch_sizes(b: Bench) -> dict[str, Any]:
+    """Small jobs (one row into a target table each) drained by 4 slots, by a single-job
+    handler and by batch handlers of 10 and 100; rounds rotate the order of the sizes."""
+    n = b.n(10000)
+    rates: dict[int, list[float]] = {size: [] for size in BATCH_SIZES}
+    for r in range(1 if b.quick else 3):
+        for size in BATCH_SIZES[r:] + BATCH_SIZES[:r]:
+            await b.fresh_database()
+            await b.sql("CREATE TABLE bench_sink (n int)")
+            task = "sink.one" if size == 1 else f"sink.batch{size}"
+            await b.bulk_insert(
+                n, lambda i, t=task: NewJob(queue=QUEUE, task=t, lock_key=f"j{i}", args={"n": i})
+            )
+            started = time.perf_counter()
+            async with Runner(b.settings(4), sink_registry(), startup=_sink_pool) as dl:
+                await dl.run_until_empty()
+            rates[size].append(n / (time.perf_counter() - started))
+            if await b.sql("SELECT count(*) FROM bench_sink") != n:
+                raise RuntimeError(f"batch {size}: the sink lacks rows")
+    result: dict[str, Any] = {"jobs": n, "slots": 4}
+    for size in BATCH_SIZES:
+        result[f"batch{size}_jobs_per_s"] = statistics.median(rates[size])
+    result["rounds"] = {f"batch{size}": rates[size] for size in BATCH_SIZES}
     return result
 
 

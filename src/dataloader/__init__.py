@@ -36,6 +36,7 @@ from dataloader.exceptions import (
 )
 from dataloader.runner import Runner
 from dataloader.storage.repositories import JobPage
+from dataloader.workers.batches import Batch, BatchItem, HandlerStats
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import (
     PipelineRegistry,
@@ -47,12 +48,15 @@ from dataloader.workers.pipelines.registry import (
 )
 
 __all__ = [
+    "Batch",
+    "BatchItem",
     "Client",
     "ConfigError",
     "DataloaderError",
     "EnqueueResult",
     "Exponential",
     "Fixed",
+    "HandlerStats",
     "IdempotencyConflict",
     "InvalidJob",
     "InvalidJobArgs",

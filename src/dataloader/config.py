@@ -27,20 +27,53 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from dataloader.core.limits import check_name
+from dataloader.core.limits import BATCH_SIZE_MAX, check_name
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
 _DSN_SCHEMES = ("postgresql+asyncpg://", "postgresql://", "postgres://")
 
 
+QueueName = Annotated[str, AfterValidator(check_name)]  # a queue that can be triggered
+
+
 class WorkerSpec(BaseModel):
-    """One entry of `WORKERS_JSON`: serve `queue` with `concurrency` parallel slots."""
+    """One entry of `WORKERS_JSON`: serve `queue` with `concurrency` slots of its own, or
+    share `concurrency` slots among `queues`, round-robin, each slot taking up to
+    `batch_size[queue]` jobs of a queue per cycle (1 for a queue not named there)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    queue: Annotated[str, AfterValidator(check_name)]  # a queue that can be triggered
+    queue: QueueName | None = None
+    queues: list[QueueName] | None = None
     concurrency: Annotated[int, Field(ge=1, le=10_000)]
+    batch_size: dict[QueueName, Annotated[int, Field(ge=1, le=BATCH_SIZE_MAX)]] = Field(
+        default_factory=dict
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Self:
+        if (self.queue is None) == (self.queues is None):
+            raise ValueError('give "queue" (slots of its own) or "queues" (shared slots)')
+        if self.queues is not None:
+            if not self.queues:
+                raise ValueError('"queues" lists no queue')
+            if len(set(self.queues)) < len(self.queues):
+                raise ValueError('"queues" lists a queue twice')
+        unknown = set(self.batch_size) - set(self.queues or ())
+        if unknown:
+            raise ValueError(f'"batch_size" names a queue not in "queues": {sorted(unknown)[0]!r}')
+        return self
+
+    @property
+    def served(self) -> list[str]:
+        """The queues this entry serves."""
+        return self.queues if self.queues is not None else [str(self.queue)]
+
+    @property
+    def shared(self) -> bool:
+        """Whether its slots are shared by several queues (`queues`)."""
+        return self.queues is not None
 
 
 class Scope(IntEnum):
@@ -124,7 +157,8 @@ class Settings(BaseSettings):
     workers: Annotated[list[WorkerSpec], NoDecode] = Field(
         default_factory=lambda: [WorkerSpec(queue="default", concurrency=4)],
         validation_alias=AliasChoices("WORKERS_JSON", "workers"),
-        description='Queues served by this process, e.g. [{"queue":"load.cbr","concurrency":2}].',
+        description='Queues served by this process, e.g. [{"queue":"load.cbr","concurrency":2}];'
+        ' slots shared by queues: [{"queues":["a","b"],"concurrency":4,"batch_size":{"a":10}}].',
     )
     heartbeat_sec: float = Field(default=10, gt=0, le=86_400, description="Lease extension period.")
     default_lease_ttl_sec: int = Field(
@@ -301,9 +335,10 @@ class Settings(BaseSettings):
     def _unique_queues(cls, value: list[WorkerSpec]) -> list[WorkerSpec]:
         seen: set[str] = set()
         for spec in value:
-            if spec.queue in seen:
-                raise ValueError(f"queue {spec.queue!r} is listed twice")
-            seen.add(spec.queue)
+            for queue in spec.served:
+                if queue in seen:
+                    raise ValueError(f"queue {queue!r} is listed twice")
+                seen.add(queue)
         return value
 
     @field_validator("pipeline_modules", mode="before")

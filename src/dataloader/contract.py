@@ -57,7 +57,9 @@ SCALARS: dict[str, tuple[Any, str]] = {
 }
 _FIELD_TYPE = re.compile(r"^(?P<list>\[\])?(?P<scalar>[a-z0-9]+)(?P<optional>\?)?$")
 #: The options a contract may fix, as `task_spec` names them.
-OPTIONS = ("priority", "max_attempts", "lease_ttl_sec", "timeout_sec")
+OPTIONS = ("priority", "max_attempts", "lease_ttl_sec", "timeout_sec", "batch_size")
+#: Options how workers run a task, which no producer can notice: a change is a note.
+WORKER_OPTIONS = frozenset({"batch_size"})
 #: Their names as `@dataloader.task` takes them, where they differ.
 DECORATOR_NAMES = {"lease_ttl_sec": "lease_ttl", "timeout_sec": "timeout"}
 
@@ -75,6 +77,7 @@ class TaskOptions(_Strict):
     max_attempts: int | None = None
     lease_ttl_sec: int | None = None
     timeout_sec: float | None = None
+    batch_size: int | None = None
 
 
 class RawField(_Strict):
@@ -252,7 +255,8 @@ def check_contract(contract: Contract, registry: TaskRegistry) -> list[Finding]:
         for option in OPTIONS:
             wanted, got = getattr(declared.options, option), getattr(defined.options, option)
             if wanted != got:
-                findings.append(Finding(name, f"{option} {got!r}, contract {wanted!r}", True))
+                message = f"{option} {got!r}, contract {wanted!r}"
+                findings.append(Finding(name, message, option not in WORKER_OPTIONS))
         findings += _field_findings(name, declared.args, defined.args)
     findings += [
         Finding(name, "registered, not in the contract", False)
@@ -376,7 +380,9 @@ def generate_code(contract: Contract) -> str:
             "",
             "",
             f"@dataloader.task({_literal(name)}, args={model}{shown})",
-            f"async def {_identifier(name)}(ctx: dataloader.JobContext[{model}]) -> Any:",
+            f"async def {_identifier(name)}(batch: dataloader.Batch[{model}]) -> None:"
+            if spec.options.batch_size is not None
+            else f"async def {_identifier(name)}(ctx: dataloader.JobContext[{model}]) -> Any:",
             f'    raise NotImplementedError("task {name}")',
         ]
     return "\n".join(lines) + "\n"

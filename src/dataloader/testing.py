@@ -42,7 +42,8 @@ from dataloader.core.transitions import (
 )
 from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArgs, JobNotFound
 from dataloader.storage.protocol import ClaimedJob
-from dataloader.workers.base import outcome_of, within_timeout
+from dataloader.workers.base import call_batch_handler, outcome_of, within_timeout
+from dataloader.workers.batches import HandlerStats
 from dataloader.workers.completer import decide
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import Task, TaskRegistry
@@ -118,30 +119,9 @@ async def run_task(
     earlier attempt saved; `cancel` asks the job to stop (the task sees it at its next
     check); `resources` is what `ctx.resources` gives."""
     found = _task(task, registry)
-    if args is None:
-        values: dict[str, Any] = {}
-    elif hasattr(args, "model_dump"):
-        values = args.model_dump(mode="json")
-    else:
-        values = dict(args)
-    found.check_args(values)
-    job = ClaimedJob(
-        job_id=uuid.uuid4(),
-        queue=found.queue or "test",
-        task=found.name,
-        args=json.loads(limits.args_json(values)),
-        lock_key="test",
-        lock_hash=0,
-        partition_key="",
-        priority=found.priority or 100,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        lease_ttl_sec=found.lease_ttl_sec or 300,
-        cancel_requested=cancel,
-        claim_seq=attempt,
-        claim_token=uuid.uuid4(),
-        checkpoint=resume_from,
-    )
+    if found.batched:
+        raise TypeError(f"task {found.name!r} takes batches: run it with run_batch")
+    job = _inline_job(found, args, attempt, max_attempts, resume_from, cancel)
     settings = settings if settings is not None else Settings(_env_file=None)
     run = TaskRun(status=JobStatus.RUNNING)
     running = RunningJob(job)
@@ -162,6 +142,80 @@ async def run_task(
     run.duration_ms = round((time.monotonic() - started) * 1000)
     outcome = outcome_of(running, found, run.duration_ms, settings.max_result_bytes)
     return _decided(run, outcome, job, found, settings)
+
+
+@dataclass
+class BatchRun:
+    """What one inline call of a batch handler did: each job's run, in the order given, and
+    the handler's statistics as the worker counts them."""
+
+    runs: list[TaskRun]
+    stats: HandlerStats
+
+
+async def run_batch(
+    task: str | Task,
+    args: list[Any],
+    *,
+    registry: TaskRegistry | None = None,
+    attempt: int = 1,
+    max_attempts: int = 3,
+    resources: Any = None,
+    settings: Settings | None = None,
+) -> BatchRun:
+    """Call a batched task's handler (`batch_size`) once, inline, with one job per element of
+    `args` (each a dict or the task's model; InvalidJobArgs if one breaks it), as attempt
+    `attempt` of `max_attempts`; each job goes where a worker would send it after the handler's
+    settlement, or after none (`left unsettled`, or the handler's exception)."""
+    found = _task(task, registry)
+    if not found.batched:
+        raise TypeError(f"task {found.name!r} takes one job per call: run it with run_task")
+    settings = settings if settings is not None else Settings(_env_file=None)
+    jobs = [_inline_job(found, values, attempt, max_attempts, None, False) for values in args]
+    settled: dict[uuid.UUID, Outcome] = {}
+    stats = await call_batch_handler(
+        [RunningJob(job) for job in jobs],
+        found,
+        app=cast("AppContext", _InlineApp(settings, resources)),
+        settle=lambda job, outcome: settled.__setitem__(job.job_id, outcome),
+        max_result_bytes=settings.max_result_bytes,
+    )
+    runs = []
+    for job in jobs:
+        outcome = settled[job.job_id]
+        run = TaskRun(status=JobStatus.RUNNING, duration_ms=outcome.duration_ms or 0)
+        runs.append(_decided(run, outcome, job, found, settings))
+    return BatchRun(runs, stats)
+
+
+def _inline_job(
+    task: Task, args: Any, attempt: int, max_attempts: int, resume_from: Any, cancel: bool
+) -> ClaimedJob:
+    """A claimed job of `task` for an inline run, its args checked as enqueue checks them."""
+    if args is None:
+        values: dict[str, Any] = {}
+    elif hasattr(args, "model_dump"):
+        values = args.model_dump(mode="json")
+    else:
+        values = dict(args)
+    task.check_args(values)
+    return ClaimedJob(
+        job_id=uuid.uuid4(),
+        queue=task.queue or "test",
+        task=task.name,
+        args=json.loads(limits.args_json(values)),
+        lock_key="test",
+        lock_hash=0,
+        partition_key="",
+        priority=task.priority or 100,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        lease_ttl_sec=task.lease_ttl_sec or 300,
+        cancel_requested=cancel,
+        claim_seq=attempt,
+        claim_token=uuid.uuid4(),
+        checkpoint=resume_from,
+    )
 
 
 def _task(task: str | Task, registry: TaskRegistry | None) -> Task:

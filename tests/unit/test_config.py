@@ -66,6 +66,21 @@ def test_workers_json_is_read_from_the_environment(monkeypatch: pytest.MonkeyPat
     assert settings.total_slots == 3
 
 
+def test_workers_json_takes_slots_shared_by_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "WORKERS_JSON",
+        '[{"queues": ["emails", "sms"], "concurrency": 4, "batch_size": {"emails": 10}},'
+        ' {"queue": "etl", "concurrency": 2}]',
+    )
+    shared, own = load_settings(_env_file=None).workers
+    assert (shared.served, shared.shared, shared.batch_size) == (
+        ["emails", "sms"],
+        True,
+        {"emails": 10},
+    )
+    assert (own.served, own.shared) == (["etl"], False)
+
+
 @pytest.mark.parametrize(
     ("value", "mentions"),
     [
@@ -76,6 +91,38 @@ def test_workers_json_is_read_from_the_environment(monkeypatch: pytest.MonkeyPat
             '[{"queue": "a", "concurrency": 1}, {"queue": "a", "concurrency": 2}]',
             "listed twice",
             id="duplicate-queue",
+        ),
+        pytest.param(
+            '[{"queues": ["a", "b"], "concurrency": 1}, {"queue": "b", "concurrency": 2}]',
+            "'b' is listed twice",
+            id="queue-shared-and-own",
+        ),
+        pytest.param(
+            '[{"queue": "a", "queues": ["b"], "concurrency": 1}]', '"queue"', id="both-forms"
+        ),
+        pytest.param('[{"queues": [], "concurrency": 1}]', "lists no queue", id="no-queues"),
+        pytest.param(
+            '[{"queues": ["a", "a"], "concurrency": 1}]', "a queue twice", id="queues-twice"
+        ),
+        pytest.param(
+            '[{"queues": ["a"], "concurrency": 1, "batch_size": {"b": 2}}]',
+            "not in",
+            id="batch-size-of-another-queue",
+        ),
+        pytest.param(
+            '[{"queues": ["a"], "concurrency": 1, "batch_size": {"a": 0}}]',
+            "batch_size",
+            id="batch-size-0",
+        ),
+        pytest.param(
+            '[{"queues": ["a"], "concurrency": 1, "batch_size": {"a": 1001}}]',
+            "batch_size",
+            id="batch-size-above-1000",
+        ),
+        pytest.param(
+            '[{"queue": "a", "concurrency": 1, "batch_size": {"a": 2}}]',
+            "not in",
+            id="batch-size-without-shared-slots",
         ),
         pytest.param('{"queue": "a", "concurrency": 1}', "JSON list", id="object-not-list"),
         pytest.param('"default"', "JSON list", id="string-not-list"),

@@ -1,4 +1,4 @@
-"""Infrastructure routes (spec §1, §9): `/health` for probes (no database) and `/status`."""
+"""Infrastructure routes: `/health` for probes (no database), `/status`, `/metrics`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -31,6 +32,19 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get(
+    "/metrics",
+    dependencies=[requires(Scope.read)],
+    responses={**AUTH_ERRORS, 200: {"content": {"text/plain": {}}}},
+    response_class=Response,
+    operation_id="get_metrics",
+)
+async def get_metrics() -> Response:
+    """This process's Prometheus metrics, in the text exposition format."""
+    body, content_type = metrics.exposition()
+    return Response(content=body, media_type=content_type)
+
+
 @router.get("/status", dependencies=[requires(Scope.read)], responses=AUTH_ERRORS)
 async def status(request: Request) -> JSONResponse:
     """Database reachability, job counts per queue and status, this process's workers, the
@@ -41,8 +55,8 @@ async def status(request: Request) -> JSONResponse:
         "version": package_version(),
         "worker_id": state.manager.worker_id if state.manager else None,
         "workers": [
-            {"queue": w.queue, "concurrency": w.concurrency, "busy": w.busy}
-            for w in (state.manager.queues.values() if state.manager else [])
+            {"queue": queue, "concurrency": w.concurrency, "busy": w.busy, "shared": w.shared}
+            for queue, w in (state.manager.queues.items() if state.manager else [])
         ],
     }
     repo = state.app_context.admin

@@ -44,6 +44,9 @@ INT32_MAX: Final = 2_147_483_647
 PRIORITY_MIN, PRIORITY_MAX = 0, INT32_MAX
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
 LEASE_TTL_MIN, LEASE_TTL_MAX = 1, INT32_MAX
+#: Largest batch a batch handler may take: a claim locks every job of it, and one statement
+#: writes their outcomes.
+BATCH_SIZE_MAX: Final = 1000
 #: Deepest nesting accepted in `args` (PostgreSQL's jsonb accepts more; nobody needs it).
 ARGS_MAX_DEPTH: Final = 64
 
@@ -119,6 +122,11 @@ def check_lease_ttl(value: object) -> int:
 
 
 _INFINITE_INSTANTS: Final = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
+def check_batch_size(value: object) -> int:
+    """Jobs one call of a batch handler takes: 1 (one job per call) to BATCH_SIZE_MAX."""
+    return check_int(value, 1, BATCH_SIZE_MAX)
 
 
 def check_instant(value: object) -> datetime:

@@ -18,8 +18,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from dataloader import metrics
 from dataloader.core import limits
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.exceptions import (
@@ -31,61 +33,45 @@ from dataloader.exceptions import (
     TaskTimeout,
 )
 from dataloader.logger import log_context
-from dataloader.storage.db import CONNECTION_ERRORS, storable_text
+from dataloader.storage.db import storable_text
 from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
+from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
-from dataloader.workers.waiting import jittered, wait_any
+from dataloader.workers.waiting import wait_any
+
+if TYPE_CHECKING:
+    from dataloader.context import AppContext
 
 log = logging.getLogger(__name__)
 
 #: Longest error text stored in `dl_jobs.error`.
 MAX_ERROR_CHARS = 4000
-#: The most jobs one claim walks (locking each) after the last one parked some: a run of
-#: 50,000 jobs of a running lock_key is parked in about ten claims.
-MAX_WALK = 10_000
-#: How long to wait before putting back again delayed jobs that are due but were not put back
-#: (held by another session meanwhile), instead of trying again at once.
-DUE_RETRY_SEC = 1.0
-#: Delayed jobs come due put back per statement.
-PUT_BACK_BATCH = 1000
 
 
-class QueueWorker:
-    """Serves one queue with `concurrency` slots."""
+class Slots:
+    """Slots that run claimed jobs, each a single job or a batch of a batched task's: what
+    both kinds of worker share (`QueueWorker`, one queue's own slots, and
+    `workers.processors.SharedSlots`, slots shared by several queues)."""
 
-    def __init__(
-        self, queue: str, concurrency: int, runtime: WorkerRuntime, completer: Completer
-    ) -> None:
-        self.queue = queue
-        self._completer = completer
+    #: Whether several queues share these slots.
+    shared = False
+
+    def __init__(self, concurrency: int, runtime: WorkerRuntime, completer: Completer) -> None:
         self.concurrency = concurrency
         self._rt = runtime
-        self._wakeup = asyncio.Event()
+        self._completer = completer
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
-        #: Slots kept for jobs the completer may be handed (the next job of a key it frees),
-        #: and slots a claim in flight may fill: neither may be promised twice.
-        self._kept = 0
-        self._claiming = 0
-        self._stopping: asyncio.Event | None = None
-        #: Set while the last claim found nothing, no job of this queue runs and none waits
-        #: for its outcome to be written.
+        #: Set while the last claims found nothing, none of the jobs runs and none waits for
+        #: its outcome to be written.
         self.idle = asyncio.Event()
         #: When (monotonic) the claim that last set `idle` started.
         self.idle_claim_started = 0.0
-        #: Claim statements started and answered (one at a time: the n-th answered is the n-th
-        #: started), for operators and tests.
-        self.claims_started = 0
-        self.claims_answered = 0
-        #: How many jobs the next claim walks at least (see MAX_WALK).
-        self._walk = 0
-        #: When (monotonic) the queue's earliest delayed job is due, as the last claim saw it
-        #: (infinity: none; see `_put_back_due`).
-        self._due_at = 0.0
 
     @property
     def busy(self) -> int:
@@ -96,125 +82,29 @@ class QueueWorker:
     def job_tasks(self) -> set[asyncio.Task[None]]:
         return set(self._jobs)
 
-    def keep_slot(self) -> bool:
-        """Keep a free slot for a job an outcome's write may claim for this worker (see
-        `Completer`); False when none is free or the worker stops claiming."""
-        if self._stopping is None or self._stopping.is_set():
-            return False
-        if len(self._jobs) + self._kept + self._claiming >= self.concurrency:
-            return False
-        self._kept += 1
-        return True
+    async def _start(
+        self, jobs: list[ClaimedJob], free: int, claimed_at: float
+    ) -> list[asyncio.Task[None]]:
+        """Lock the jobs and run them, a unit per slot (`_units`); returns the slots' tasks.
+        Units a claim brought beyond the `free` slots (a queue mixing batched and single
+        tasks) go back to the queue at once."""
+        units = await self._units(jobs)
+        started = []
+        for unit in units[:free]:
+            task = asyncio.create_task(
+                self._execute_units([unit], claimed_at), name=f"dataloader-job-{unit[0].job.job_id}"
+            )
+            self._jobs.add(task)
+            task.add_done_callback(self._finished)
+            started.append(task)
+        for unit in units[free:]:
+            await self._hand_back(unit, "no free slot")
+        return started
 
-    def release_slot(self) -> None:
-        """Give back a slot kept by `keep_slot`."""
-        self._kept -= 1
-        self._slot_freed.set()
-
-    def take_handed(self, job: ClaimedJob) -> None:
-        """Run a job claimed for this worker by an outcome's write (its slot was kept). Its
-        key was let go just before that write: it is locked again first, like a claimed job's."""
-        self.idle.clear()
-        task = asyncio.create_task(self._run_handed(job), name=f"dataloader-job-{job.job_id}")
-        self._jobs.add(task)
-        task.add_done_callback(self._finished)
-
-    async def _run_handed(self, job: ClaimedJob) -> None:
-        if self._stopping is not None and self._stopping.is_set():
-            await self._backoff(job, 0.0, "the worker is stopping")
-            return
-        try:
-            locked = job.lock_hash in await self._rt.locks.try_lock([job.lock_hash])
-        except Exception as exc:
-            await self._backoff(job, 0.0, f"the job could not be locked ({exc!r})")
-            return
-        if locked:
-            await self._execute(job)
-        else:
-            await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
-
-    def wake(self) -> None:
-        """Something may be ready (notification, poll, a finished job freeing a lock_key)."""
-        self._wakeup.set()
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Claim and start jobs until `stopping` is set."""
-        settings = self._rt.settings
-        self._stopping = stopping
-        while not stopping.is_set():
-            free = self.concurrency - len(self._jobs) - self._kept
-            if free <= 0:
-                self._slot_freed.clear()
-                await wait_any(self._slot_freed, stopping)
-                continue
-            if not self._rt.locks.ready.is_set():
-                await wait_any(self._rt.locks.ready, stopping)
-                continue
-            self._wakeup.clear()
-            try:
-                claim_started = time.monotonic()
-                put_back = await self._put_back_due(claim_started)
-                self.claims_started += 1
-                self._claiming = free  # until the jobs claimed have their slots
-                claim = await self._rt.protocol.claim_round(
-                    self.queue, free, self._rt.worker_id, walk=max(free, self._walk)
-                )
-                self.claims_answered += 1
-                jobs = claim.jobs
-                self._claiming = len(jobs)
-                self._due_at = _due_at(claim_started, claim.next_due_in)
-                if put_back == 0 and self._due_at <= claim_started:
-                    self._due_at = claim_started + DUE_RETRY_SEC  # held elsewhere: not a spin
-                parked = await self._rt.protocol.park(claim.blocked) if claim.blocked else 0
-                # Jobs that could not run were parked: the next claim walks further, so that
-                # a long run of them is parked in a few claims, not one slot's worth each.
-                self._walk = min(max(self._walk, free) * 4, MAX_WALK) if parked else 0
-                if jobs or parked or put_back or self._jobs or self._outcomes_pending():
-                    self.idle.clear()
-                else:
-                    self.idle_claim_started = claim_started
-                    self.idle.set()
-                if jobs:
-                    await self._start(jobs)
-                self._claiming = 0
-                if parked or put_back or self._due_at <= claim_started or not claim.exhausted:
-                    # There may be more: jobs parked or put back leave others claimable, a
-                    # delayed job is due, or the claim stopped at its walk (a batch comes back
-                    # short when several candidates share a lock_key); nothing would wake us
-                    # for them. A claim that walked every job needs no second look: whatever
-                    # changes after it (a new job, a freed lock_key, a retry) wakes the queue.
-                    continue
-                timeout = self._idle_timeout()
-            except Exception as exc:  # the loop must outlive any database trouble
-                self._claiming = 0
-                log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
-                timeout = jittered(min(settings.poll_interval_sec, 1.0))
-                self._due_at = 0.0  # unknown: look again
-            await wait_any(self._wakeup, stopping, timeout=timeout)
-
-    async def _put_back_due(self, now: float) -> int | None:
-        """Put back the queue's delayed jobs that have come due, when the last claim said one
-        is (each claim tells when the earliest is due: no statement runs for nothing); how
-        many, or None when none was due."""
-        if now < self._due_at:
-            return None
-        put_back, due_in = await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
-        # more may be due already when a whole batch was put back
-        self._due_at = now if put_back >= PUT_BACK_BATCH else _due_at(now, due_in)
-        return put_back
-
-    def _outcomes_pending(self) -> bool:
-        """Whether a job of this queue has ended but its outcome is not written yet: a
-        failure written later may make it ready again (the write wakes this queue)."""
-        return any(r.job.queue == self.queue for r in self._rt.running.values())
-
-    def _idle_timeout(self) -> float:
-        """Sleep until the safety poll or the earliest delayed job, whichever comes first."""
-        poll = jittered(self._rt.settings.poll_interval_sec)
-        return max(0.0, min(poll, self._due_at - time.monotonic() + 0.001))
-
-    async def _start(self, jobs: list[ClaimedJob]) -> None:
-        """Lock each job's key; run those locked, back off the others."""
+    async def _units(self, jobs: list[ClaimedJob]) -> list[list[RunningJob]]:
+        """Lock each job's key and back off those busy; the others, running now (their leases
+        kept alive from here on), grouped in units: a single job, or up to its task's
+        `batch_size` jobs of a batched task."""
         try:
             locked = await self._rt.locks.try_lock(job.lock_hash for job in jobs)
         except Exception as exc:  # nothing was locked: give them back at once
@@ -222,18 +112,38 @@ class QueueWorker:
                 log.warning("locking %d job(s) failed: %r", len(jobs), exc)
             for job in jobs:
                 await self._backoff(job, 0.0, f"the jobs could not be locked ({exc!r})")
-            return
+            return []
         busy: list[ClaimedJob] = []
-        for job in jobs:  # no await in this loop: every lock taken gets its job started
-            if job.lock_hash in locked:
-                locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
-                task = asyncio.create_task(self._execute(job), name=f"dataloader-job-{job.job_id}")
-                self._jobs.add(task)
-                task.add_done_callback(self._finished)
-            else:
+        units: list[list[RunningJob]] = []
+        filling: dict[str, list[RunningJob]] = {}  # the batch of each task being filled
+        for job in jobs:  # no await in this loop: every lock taken gets its job in the running set
+            if job.lock_hash not in locked:
                 busy.append(job)
+                continue
+            locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
+            running = self._rt.running[job.job_id] = RunningJob(job)
+            size = self._batch_size_of(job.task)
+            unit = filling.get(job.task)
+            if unit is None or len(unit) >= size:
+                unit = []
+                units.append(unit)
+                if size > 1:
+                    filling[job.task] = unit
+            unit.append(running)
+        if any(job.lease_ttl_sec / 3 < self._rt.beat_period for job in jobs):
+            self._rt.job_started.set()  # a lease that needs sooner beats
         for job in busy:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
+        return units
+
+    async def _hand_back(self, unit: list[RunningJob], why: str) -> None:
+        """Return a unit that will not run to the queue, its attempts refunded."""
+        for running in unit:
+            await self._completer.finish(running, Outcome(Ended.HANDED_BACK, why, refund=True))
+
+    def _batch_size_of(self, task: str) -> int:
+        found = self._rt.registry.get(task)
+        return 1 if found is None else found.batch_size
 
     async def _backoff(self, job: ClaimedJob, delay: float, why: str) -> None:
         """Hand a job that cannot run now back to the queue (written by the completer, which
@@ -253,11 +163,33 @@ class QueueWorker:
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())
 
-    async def _execute(self, job: ClaimedJob) -> None:
-        running = RunningJob(job)
-        self._rt.running[job.job_id] = running
-        if job.lease_ttl_sec / 3 < self._rt.beat_period:  # its lease needs sooner beats
-            self._rt.job_started.set()
+    async def _execute_units(self, units: list[list[RunningJob]], claimed_at: float) -> None:
+        """Run one slot's units one after another: a cycle of the slot, measured from the
+        claim that took them (`claimed_at`, monotonic). Once `stopping` says so, the units not
+        started yet go back to the queue."""
+        queue = units[0][0].job.queue
+        in_progress = metrics.TASKS_IN_PROGRESS.labels(queue)
+        count = sum(map(len, units))
+        in_progress.inc(count)
+        try:
+            for unit in units:
+                found = self._rt.registry.get(unit[0].job.task)
+                if self._stopping_now() or any(r.handback for r in unit):
+                    await self._hand_back(unit, "worker shutting down")
+                elif found is not None and found.batched:
+                    await self._execute_batch(unit, found)
+                else:
+                    await self._execute(unit[0])
+        finally:
+            in_progress.dec(count)
+            metrics.CYCLE_DURATION.labels(queue).observe(time.monotonic() - claimed_at)
+
+    def _stopping_now(self) -> bool:
+        """Whether the worker stops: a unit not started yet is not started."""
+        return False
+
+    async def _execute(self, running: RunningJob) -> None:
+        job = running.job
         if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
             running.lose("the lock connection was lost before the job started")
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
@@ -299,10 +231,245 @@ class QueueWorker:
         duration_ms = round((time.monotonic() - started) * 1000)
         return outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
 
+    async def _execute_batch(self, unit: list[RunningJob], task: Task) -> None:
+        """Run a batched task's jobs in one call of its handler; each settlement is queued for
+        writing as the handler makes it, the jobs left open once it ends after that."""
+        runs = {running.job.job_id: running for running in unit}
+        for running in unit:
+            if not self._rt.locks.holds(running.job.lock_hash):
+                running.lose("the lock connection was lost before the job started")
+        queue = unit[0].job.queue
+        with log_context(queue=queue, task=task.name):
+            try:
+                stats = await call_batch_handler(
+                    list(runs.values()),
+                    task,
+                    app=self._rt.app,
+                    settle=lambda job, outcome: self._completer.enqueue(runs[job.job_id], outcome),
+                    max_result_bytes=self._rt.settings.max_result_bytes,
+                )
+            except BaseException:
+                unsettled = [r for r in runs.values() if not r.finished]
+                for running in unsettled:
+                    self._rt.running.pop(running.job.job_id, None)
+                await self._rt.locks.unlock([r.job.lock_hash for r in unsettled])
+                raise
+            if stats.last_error is not None:
+                log.warning(
+                    "batch of %d: %d done, %d error(s), last: %s",
+                    len(unit),
+                    stats.processed,
+                    stats.errors,
+                    stats.last_error,
+                )
+        metrics.observe_batch(queue, task.name, stats)
+        await self._completer.backpressure()
 
-def _due_at(now: float, due_in: float | None) -> float:
-    """When (monotonic) a job due in `due_in` seconds (None: no job) is due."""
-    return float("inf") if due_in is None else now + due_in
+
+class QueueWorker(Slots):
+    """Serves one queue with `concurrency` slots of its own."""
+
+    def __init__(
+        self, queue: str, concurrency: int, runtime: WorkerRuntime, completer: Completer
+    ) -> None:
+        super().__init__(concurrency, runtime, completer)
+        self.queue = queue
+        self._wakeup = asyncio.Event()
+        #: Slots kept for jobs the completer may be handed (the next job of a key it frees),
+        #: and slots a claim in flight may fill: neither may be promised twice.
+        self._kept = 0
+        self._claiming = 0
+        self._stopping: asyncio.Event | None = None
+        self.claims = QueueClaims(queue, runtime)
+        #: Jobs a slot takes per claim: the largest `batch_size` of the tasks declared on
+        #: this queue (1 when none is batched).
+        self.batch_size = max(
+            (t.batch_size for t in runtime.registry.tasks() if t.queue == queue), default=1
+        )
+
+    def keep_slot(self) -> bool:
+        """Keep a free slot for a job an outcome's write may claim for this worker (see
+        `Completer`); False when none is free or the worker stops claiming."""
+        if self._stopping is None or self._stopping.is_set():
+            return False
+        if len(self._jobs) + self._kept + self._claiming >= self.concurrency:
+            return False
+        self._kept += 1
+        return True
+
+    def release_slot(self) -> None:
+        """Give back a slot kept by `keep_slot`."""
+        self._kept -= 1
+        self._slot_freed.set()
+
+    def take_handed(self, job: ClaimedJob) -> None:
+        """Run a job claimed for this worker by an outcome's write (its slot was kept). Its
+        key was let go just before that write: it is locked again first, like a claimed job's."""
+        self.idle.clear()
+        task = asyncio.create_task(
+            self._run_handed(job, time.monotonic()), name=f"dataloader-job-{job.job_id}"
+        )
+        self._jobs.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _run_handed(self, job: ClaimedJob, claimed_at: float) -> None:
+        if self._stopping is not None and self._stopping.is_set():
+            await self._backoff(job, 0.0, "the worker is stopping")
+            return
+        try:
+            locked = job.lock_hash in await self._rt.locks.try_lock([job.lock_hash])
+        except Exception as exc:
+            await self._backoff(job, 0.0, f"the job could not be locked ({exc!r})")
+            return
+        if locked:
+            self._rt.running[job.job_id] = RunningJob(job)
+            if job.lease_ttl_sec / 3 < self._rt.beat_period:
+                self._rt.job_started.set()
+            await self._execute_units([[self._rt.running[job.job_id]]], claimed_at)
+        else:
+            await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
+
+    def wake(self) -> None:
+        """Something may be ready (notification, poll, a finished job freeing a lock_key)."""
+        self._wakeup.set()
+
+    @property
+    def claims_started(self) -> int:
+        return self.claims.started
+
+    @property
+    def claims_answered(self) -> int:
+        return self.claims.answered
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Claim and start jobs until `stopping` is set."""
+        self._stopping = stopping
+        while not stopping.is_set():
+            free = self.concurrency - len(self._jobs) - self._kept
+            if free <= 0:
+                self._slot_freed.clear()
+                await wait_any(self._slot_freed, stopping)
+                continue
+            if not self._rt.locks.ready.is_set():
+                await wait_any(self._rt.locks.ready, stopping)
+                continue
+            self._wakeup.clear()
+            try:
+                claim_started = time.monotonic()
+                self._claiming = free  # until the jobs claimed have their slots
+                claimed = await self.claims.claim(free * self.batch_size, claim_started)
+                self._claiming = min(len(claimed.jobs), free)
+                if claimed.moved or self._jobs or self._outcomes_pending():
+                    self.idle.clear()
+                else:
+                    self.idle_claim_started = claim_started
+                    self.idle.set()
+                if claimed.jobs:
+                    await self._start(claimed.jobs, free, claim_started)
+                self._claiming = 0
+                if claimed.more:
+                    continue
+                timeout = self.claims.idle_timeout()
+            except Exception as exc:  # the loop must outlive any database trouble
+                self._claiming = 0
+                timeout = self.claims.failure_pause(exc)
+            await wait_any(self._wakeup, stopping, timeout=timeout)
+
+    def _outcomes_pending(self) -> bool:
+        """Whether a job of this queue has ended but its outcome is not written yet: a
+        failure written later may make it ready again (the write wakes this queue)."""
+        return any(r.job.queue == self.queue for r in self._rt.running.values())
+
+
+async def call_batch_handler(
+    runs: list[RunningJob],
+    task: Task,
+    *,
+    app: AppContext,
+    settle: Settle,
+    max_result_bytes: int,
+) -> HandlerStats:
+    """Call a batched task's handler once for `runs` (jobs whose args break the task's model
+    fail at once, without it) and settle every job; returns what the call did. The worker and
+    `dataloader.testing.run_batch` call it alike."""
+    items: list[BatchItem[Any]] = []
+    stats = HandlerStats()
+    for running in runs:
+        try:
+            items.append(BatchItem(running.job, task.parse_args(running.job.args)))
+        except InvalidJobArgs as exc:
+            outcome = Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
+            count(stats, outcome, running.job)
+            settle(running.job, outcome)
+    if not items:
+        return stats
+    by_id = {r.job.job_id: r for r in runs}
+    batch: Batch[Any] = Batch(
+        items,
+        app=app,
+        settle=settle,
+        cancel_requested=lambda job_id: by_id[job_id].state.cancel_requested,
+        max_result_bytes=max_result_bytes,
+    )
+    try:
+        coro = task.handler(batch)
+        pipeline: asyncio.Task[object] = asyncio.create_task(
+            coro if task.timeout_sec is None else within_timeout(coro, task.timeout_sec),
+            name=f"dataloader-batch-{items[0].job_id}",
+        )
+    except Exception as exc:  # a handler that is not a coroutine function: retrying cannot help
+        log.error("batch handler could not start", exc_info=exc)
+        failed = Outcome(Ended.FAILED, _error_text(exc), retryable=False)
+        batch.close_all(lambda job: replace(failed))
+        return _merged(stats, batch.stats)
+    stop = _StopOnce(pipeline)
+    for item in items:
+        running = by_id[item.job_id]
+        running.on_stop = stop
+        if running.state.lost_reason is not None or running.handback:
+            stop()
+    await asyncio.wait([pipeline])
+    if not pipeline.cancelled() and pipeline.exception() is not None:
+        _log_failure(pipeline.exception())
+    batch.close_all(lambda job: _unsettled(pipeline, by_id[job.job_id], task))
+    return _merged(stats, batch.stats)
+
+
+class _StopOnce:
+    """Cancels a batch's handler once, whichever of its jobs asks first: a second cancel would
+    cut short the handler's own clean-up of the first."""
+
+    def __init__(self, pipeline: asyncio.Task[object]) -> None:
+        self._pipeline = pipeline
+        self._stopped = False
+
+    def __call__(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._pipeline.cancel()
+
+
+def _unsettled(pipeline: asyncio.Task[object], running: RunningJob, task: Task) -> Outcome:
+    """The outcome of a job its batch handler left unsettled, by how the handler ended."""
+    if pipeline.cancelled():
+        if running.state.lost_reason is None and not running.handback:
+            # another job of the batch was lost: this one goes back, as the worker cut it short
+            return Outcome(Ended.HANDED_BACK, "another job of its batch was lost", refund=True)
+        return _cut_short(running, 0)
+    exc = pipeline.exception()
+    if exc is None:
+        return Outcome(Ended.FAILED, "left unsettled by the batch handler")
+    return _raised(exc, task, None)
+
+
+def _merged(first: HandlerStats, then: HandlerStats) -> HandlerStats:
+    """`then` (the handler's call) with the jobs settled before it (`first`) added."""
+    then.processed += first.processed
+    then.errors += first.errors
+    then.retried += first.retried
+    if then.last_error is None:
+        then.last_error = first.last_error
+    return then
 
 
 async def within_timeout(coro: Coroutine[Any, Any, object], timeout: float) -> object:
@@ -324,15 +491,8 @@ def outcome_of(running: RunningJob, task: Task, duration_ms: int, max_result_byt
     """Translate how the task's asyncio task ended."""
     pipeline = running.task
     assert pipeline is not None
-    lost = running.state.lost_reason
     if pipeline.cancelled():
-        if lost is not None:  # our side failed the job (lock or lease): refunded, bounded
-            return Outcome(Ended.HANDED_BACK, lost, refund=True, duration_ms=duration_ms)
-        if running.handback:
-            return Outcome(
-                Ended.HANDED_BACK, "worker shutting down", refund=True, duration_ms=duration_ms
-            )
-        return Outcome(Ended.FAILED, "task was cancelled", duration_ms=duration_ms)
+        return _cut_short(running, duration_ms)
     exc = pipeline.exception()
     if exc is None:
         try:
@@ -341,22 +501,41 @@ def outcome_of(running: RunningJob, task: Task, duration_ms: int, max_result_byt
             why = str(problem) if isinstance(problem, ValueError) else _error_text(problem)
             return Outcome(Ended.FAILED, f"result: {why}", retryable=False, duration_ms=duration_ms)
         return Outcome(Ended.SUCCEEDED, result=result, duration_ms=duration_ms)
+    _log_failure(exc)
+    return _raised(exc, task, duration_ms)
+
+
+def _cut_short(running: RunningJob, duration_ms: int | None) -> Outcome:
+    """A run whose task was cancelled: by our side (lock or lease lost, shutdown), refunded;
+    otherwise (someone cancelled the task itself) a failure."""
+    lost = running.state.lost_reason
+    if lost is not None:  # our side failed the job (lock or lease): refunded, bounded
+        return Outcome(Ended.HANDED_BACK, lost, refund=True, duration_ms=duration_ms)
+    if running.handback:
+        return Outcome(
+            Ended.HANDED_BACK, "worker shutting down", refund=True, duration_ms=duration_ms
+        )
+    return Outcome(Ended.FAILED, "task was cancelled", duration_ms=duration_ms)
+
+
+def _raised(exc: BaseException, task: Task, duration_ms: int | None) -> Outcome:
+    """A run whose task raised `exc`."""
     if isinstance(exc, JobCanceled):
         return Outcome(Ended.CANCELED, duration_ms=duration_ms)
     if isinstance(exc, JobLost):
         return Outcome(Ended.HANDED_BACK, str(exc), refund=True, duration_ms=duration_ms)
     text = _error_text(exc)
     if isinstance(exc, Retry):
-        log.info("task asked to be retried in %gs: %s", exc.after_sec, exc.reason)
         return Outcome(Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms)
-    log.warning("task raised %s", text, exc_info=exc)
     retryable = not isinstance(exc, (NonRetryableError, *task.non_retryable))
     return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms)
 
 
-def _unexpected(exc: BaseException) -> bool:
-    """Whether a failure deserves a traceback in the log (a lost connection does not)."""
-    return not isinstance(exc, CONNECTION_ERRORS)
+def _log_failure(exc: BaseException | None) -> None:
+    if isinstance(exc, Retry):
+        log.info("task asked to be retried in %gs: %s", exc.after_sec, exc.reason)
+    elif exc is not None and not isinstance(exc, (JobCanceled, JobLost)):
+        log.warning("task raised %s", _error_text(exc), exc_info=exc)
 
 
 def _error_text(exc: BaseException) -> str:

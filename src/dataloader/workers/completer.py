@@ -138,13 +138,22 @@ class Completer:
     async def finish(self, running: RunningJob, outcome: Outcome) -> None:
         """Queue the outcome; the job stays in the running set (its lease alive) until it is
         written. Waits only when too many outcomes are pending already (back-pressure)."""
+        self.enqueue(running, outcome)
+        await self.backpressure()
+
+    def enqueue(self, running: RunningJob, outcome: Outcome) -> None:
+        """Queue the outcome without waiting (a batch handler's settlements, as it makes
+        them); the caller waits on `backpressure` once it can."""
         running.finished = True
         unlocked = outcome.ended is Ended.BACKED_OFF  # a job backed off never got its lock
         facts = running.job.facts(cancel_requested=running.state.cancel_requested)
         self._queue.append(_Pending(running, outcome, unlocked, facts))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="dataloader-completer")
-        elif len(self._queue) >= self._max_pending:
+
+    async def backpressure(self) -> None:
+        """Wait for a flush when too many outcomes are pending already."""
+        if len(self._queue) >= self._max_pending:
             await self.wait_flushed()
 
     async def wait_flushed(self) -> None:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from dataloader import metrics
 from dataloader.logger.summary import job_summary
 from dataloader.storage import db
 from dataloader.storage.presence import PresenceStore
@@ -21,6 +22,7 @@ from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.presence import Presence
+from dataloader.workers.processors import SharedSlots
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
 
@@ -59,10 +61,16 @@ class WorkerManager:
             summary=job_summary(settings.log_summary_sec),
         )
         self.completer = Completer(self.runtime, on_written=self._queue_ready, slots=self)
-        self.queues = {
-            spec.queue: QueueWorker(spec.queue, spec.concurrency, self.runtime, self.completer)
+        #: Each entry of WORKERS_JSON: a queue's own slots, or slots shared by queues.
+        rt, completer = self.runtime, self.completer
+        self.workers: list[QueueWorker | SharedSlots] = [
+            SharedSlots(spec.served, spec.concurrency, spec.batch_size, rt, completer)
+            if spec.shared
+            else QueueWorker(spec.served[0], spec.concurrency, rt, completer)
             for spec in settings.workers
-        }
+        ]
+        #: Who serves each queue.
+        self.queues = {queue: w for w in self.workers for queue in _served(w)}
         self.listener = Listener(
             app.dsn,
             on_queue_ready=self._queue_ready,
@@ -75,7 +83,7 @@ class WorkerManager:
         self.presence = Presence(
             PresenceStore(self.runtime.protocol.db),
             self.runtime.worker_id,
-            {spec.queue: spec.concurrency for spec in settings.workers},
+            {queue: w.concurrency for queue, w in self.queues.items()},
             registry,
             settings.presence_period_sec,
         )
@@ -88,6 +96,7 @@ class WorkerManager:
         self._loop = asyncio.get_running_loop()
         self._tasks: list[asyncio.Task[None]] = []
         self._claiming_tasks: list[asyncio.Task[None]] = []
+        self._counted = False  # in the running gauges
 
     @property
     def worker_id(self) -> str:
@@ -116,10 +125,11 @@ class WorkerManager:
             self._spawn("reaper", self.reaper.run(self._stop_claiming)),
             self._spawn("presence", self.presence.run(self._stop_claiming)),
             *(
-                self._spawn(f"queue:{name}", worker.run(self._stop_claiming))
-                for name, worker in self.queues.items()
+                self._spawn(f"queue:{','.join(_served(worker))}", worker.run(self._stop_claiming))
+                for worker in self.workers
             ),
         ]
+        self._count_running(+1)
         log.info(
             "workers started",
             extra={
@@ -146,7 +156,7 @@ class WorkerManager:
         # Let claims in flight settle first, so that every job they took is seen below.
         await asyncio.wait(self._claiming_tasks, timeout=10)
         await self.presence.deregister()  # no longer serving: triggers and /status see it now
-        jobs = {task for worker in self.queues.values() for task in worker.job_tasks}
+        jobs = {task for worker in self.workers for task in worker.job_tasks}
         if jobs and not self._hurry.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", timeout, len(jobs))
             finished = asyncio.create_task(asyncio.wait(jobs))  # cancelling it spares the jobs
@@ -177,13 +187,23 @@ class WorkerManager:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runtime.locks.close()
         await asyncio.wait_for(self._pool.close(), timeout=10)
+        self._count_running(-1)
         log.info("workers stopped")
+
+    def _count_running(self, change: int) -> None:
+        """Count this manager and its slots in the running gauges once (a stop may run
+        twice: the second takes nothing off)."""
+        if self._counted == (change > 0):
+            return
+        self._counted = change > 0
+        metrics.RUNNING_WORKERS.inc(change)
+        metrics.RUNNING_PROCESSORS.inc(change * sum(w.concurrency for w in self.workers))
 
     async def wait_idle(self) -> None:
         """Return once every queue, in a claim started after this call, found nothing to
         claim with none of its jobs running."""
         since = time.monotonic()
-        for worker in self.queues.values():
+        for worker in self.workers:
             while not (worker.idle.is_set() and worker.idle_claim_started >= since):
                 worker.idle.clear()
                 worker.wake()
@@ -192,7 +212,7 @@ class WorkerManager:
 
     def wake_all(self) -> None:
         """Every queue polls once (after a listener reconnect)."""
-        for worker in self.queues.values():
+        for worker in self.workers:
             worker.wake()
 
     def keep_slot(self, queue: str) -> bool:
@@ -231,3 +251,8 @@ class WorkerManager:
         exc = task.exception()
         if exc is not None:
             log.critical("background task %s died", task.get_name(), exc_info=exc)
+
+
+def _served(worker: QueueWorker | SharedSlots) -> list[str]:
+    """The queues a worker serves."""
+    return worker.queues if isinstance(worker, SharedSlots) else [worker.queue]

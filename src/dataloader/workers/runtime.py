@@ -8,6 +8,7 @@ import secrets
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,9 @@ class RunningJob:
         self.state.cancel_requested = self.job.cancel_requested
 
     task: asyncio.Task[object] | None = None
+    #: Stops the run when the job has no task of its own: a batch's jobs share their
+    #: handler's (see `workers.batches`).
+    on_stop: Callable[[], None] | None = None
     handback: bool = False
     #: The run is over and its outcome queued for writing (the lease is still kept alive).
     finished: bool = False
@@ -64,16 +68,20 @@ class RunningJob:
         if self.state.lost_reason is not None or self.finished:
             return
         self.state.lost_reason = reason
-        if self.task is not None:
-            self.task.cancel()
+        self._stop()
 
     def hand_back(self) -> None:
         """Shutdown: stop the pipeline and return the job to the queue."""
         if self.finished:
             return
         self.handback = True
+        self._stop()
+
+    def _stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        elif self.on_stop is not None:
+            self.on_stop()
 
 
 @dataclass(eq=False)

@@ -212,6 +212,9 @@ class TaskContractResponse(BaseModel):
     non_retryable: list[str] = Field(
         default_factory=list, description="Exceptions that fail the job at once."
     )
+    batch_size: int | None = Field(
+        None, description="Jobs one call of its handler takes (null: one at a time)."
+    )
     args_schema: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object"},
         description="JSON Schema of the trigger's `args`.",

@@ -35,6 +35,7 @@ def task_spec(task: Task) -> dict[str, Any]:
         "timeout_sec": task.timeout_sec,
         "retry": None if task.retry is None else _policy_name(task.retry),
         "non_retryable": [_qualified(t) for t in task.non_retryable],
+        "batch_size": task.batch_size if task.batched else None,
         "args_schema": args_schema(task),
         "result_schema": result_schema(task),
     }

@@ -37,7 +37,9 @@ from dataloader.exceptions import InvalidJobArgs
 if TYPE_CHECKING:
     from dataloader.workers.job_context import JobContext
 
-Handler = Callable[["JobContext[Any]"], Coroutine[Any, Any, Any]]
+#: `async def handler(ctx: JobContext[Args])`, or `async def handler(batch: Batch[Args])` for a
+#: task with a `batch_size`.
+Handler = Callable[[Any], Coroutine[Any, Any, Any]]
 H = TypeVar("H", bound=Handler)
 
 
@@ -60,6 +62,14 @@ class Task:
     timeout_sec: float | None = None
     #: Exceptions that fail the job at once, without further attempts.
     non_retryable: tuple[type[BaseException], ...] = field(default=())
+    #: Jobs one call of the handler takes (1: `handler(ctx)` per job; more: `handler(batch)`
+    #: with up to this many, see `workers.batches`).
+    batch_size: int = 1
+
+    @property
+    def batched(self) -> bool:
+        """Whether the handler takes a `Batch` rather than a `JobContext`."""
+        return self.batch_size > 1
 
     def parse_args(self, args: dict[str, Any]) -> Any:
         """The handler's view of stored `args`: a model instance, or the dict itself."""
@@ -105,9 +115,12 @@ class TaskRegistry:
         retry: RetrySpec | None = None,
         timeout: float | timedelta | None = None,
         non_retryable: tuple[type[BaseException], ...] = (),
+        batch_size: int | None = None,
     ) -> Callable[[H], H]:
         """Decorator registering an `async def handler(ctx)` as task `name`; the function is
-        returned unchanged. Bad options raise at once (ValueError, TypeError)."""
+        returned unchanged. With `batch_size`, the handler is `async def handler(batch)` and
+        takes up to that many jobs per call (`dataloader.Batch`). Bad options raise at once
+        (ValueError, TypeError)."""
         defined = Task(
             name=_checked("task name", limits.check_name, name),
             handler=_unset,
@@ -125,6 +138,9 @@ class TaskRegistry:
             retry=None if retry is None else as_policy(retry),
             timeout_sec=None if timeout is None else _timeout(timeout),
             non_retryable=_exception_types(non_retryable),
+            batch_size=1
+            if batch_size is None
+            else _checked("batch_size", limits.check_batch_size, batch_size),
         )
 
         def decorate(handler: H) -> H:
@@ -145,6 +161,10 @@ class TaskRegistry:
     def get(self, name: str) -> Task | None:
         """The task `name`, or None when this process does not know it."""
         return self._tasks.get(name)
+
+    def tasks(self) -> list[Task]:
+        """Every task, by name."""
+        return [self._tasks[name] for name in sorted(self._tasks)]
 
     def only(self, keep: Callable[[Task], bool]) -> TaskRegistry:
         """A new registry holding the tasks `keep` accepts."""

@@ -1,0 +1,115 @@
+"""A queue's claim rounds: put back the delayed jobs come due, claim, park what cannot run.
+
+Each claim tells when the queue's earliest delayed job is due, so the next round puts back
+delayed jobs only when one is (no statement runs for nothing), and a worker with nothing to
+claim sleeps until then at most. Jobs a claim walked past that cannot run (not due, or behind a
+running job of their lock_key) are parked, and the next claim walks further, so that a long
+run of them is parked in a few claims rather than one slot's worth each.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.runtime import WorkerRuntime
+from dataloader.workers.waiting import jittered
+
+log = logging.getLogger(__name__)
+
+#: The most jobs one claim walks (locking each) after the last one parked some: a run of
+#: 50,000 jobs of a running lock_key is parked in about ten claims.
+MAX_WALK = 10_000
+#: How long to wait before putting back again delayed jobs that are due but were not put back
+#: (held by another session meanwhile), instead of trying again at once.
+DUE_RETRY_SEC = 1.0
+#: Delayed jobs come due put back per statement.
+PUT_BACK_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What one claim round took, and whether another may find more at once."""
+
+    jobs: list[ClaimedJob]
+    #: Jobs parked or put back leave others claimable, a delayed job is due, or the claim
+    #: stopped at its walk (a batch comes back short when several candidates share a
+    #: lock_key): nothing would wake the worker for them. A claim that walked every job needs
+    #: no second look: whatever changes after it (a new job, a freed key, a retry) wakes it.
+    more: bool
+    #: The round changed the queue: it claimed, parked or put back jobs.
+    moved: bool
+
+
+class QueueClaims:
+    """The claim rounds of one queue, for one process."""
+
+    def __init__(self, queue: str, runtime: WorkerRuntime) -> None:
+        self.queue = queue
+        self._rt = runtime
+        #: Claim statements started and answered (one at a time: the n-th answered is the n-th
+        #: started), for operators and tests.
+        self.started = 0
+        self.answered = 0
+        #: How many jobs the next claim walks at least (see MAX_WALK).
+        self._walk = 0
+        #: When (monotonic) the queue's earliest delayed job is due, as the last claim saw it
+        #: (infinity: none; see `_put_back_due`).
+        self._due_at = 0.0
+
+    async def claim(self, wanted: int, now: float) -> Claimed:
+        """One round started at `now` (monotonic): up to `wanted` jobs."""
+        try:
+            put_back = await self._put_back_due(now)
+            self.started += 1
+            claim = await self._rt.protocol.claim_round(
+                self.queue, wanted, self._rt.worker_id, walk=max(wanted, self._walk)
+            )
+            self.answered += 1
+            self._due_at = _due_at(now, claim.next_due_in)
+            if put_back == 0 and self._due_at <= now:
+                self._due_at = now + DUE_RETRY_SEC  # held elsewhere: not a spin
+            parked = await self._rt.protocol.park(claim.blocked) if claim.blocked else 0
+        except BaseException:
+            self._due_at = 0.0  # unknown: look again
+            raise
+        self._walk = min(max(self._walk, wanted) * 4, MAX_WALK) if parked else 0
+        return Claimed(
+            claim.jobs,
+            more=bool(parked or put_back or self._due_at <= now or not claim.exhausted),
+            moved=bool(claim.jobs or parked or put_back),
+        )
+
+    def failure_pause(self, exc: BaseException) -> float:
+        """Log a failed round; how long to wait before the next (the loop must outlive any
+        database trouble, without hammering it)."""
+        log.warning("claim on %s failed: %r", self.queue, exc, exc_info=_unexpected(exc))
+        return jittered(min(self._rt.settings.poll_interval_sec, 1.0))
+
+    def idle_timeout(self) -> float:
+        """Sleep until the safety poll or the earliest delayed job, whichever comes first."""
+        poll = jittered(self._rt.settings.poll_interval_sec)
+        return max(0.0, min(poll, self._due_at - time.monotonic() + 0.001))
+
+    async def _put_back_due(self, now: float) -> int | None:
+        """Put back the queue's delayed jobs that have come due, when the last claim said one
+        is; how many, or None when none was due."""
+        if now < self._due_at:
+            return None
+        put_back, due_in = await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
+        # more may be due already when a whole batch was put back
+        self._due_at = now if put_back >= PUT_BACK_BATCH else _due_at(now, due_in)
+        return put_back
+
+
+def _due_at(now: float, due_in: float | None) -> float:
+    """When (monotonic) a job due in `due_in` seconds (None: no job) is due."""
+    return float("inf") if due_in is None else now + due_in
+
+
+def _unexpected(exc: BaseException) -> bool:
+    """Whether a failure deserves a traceback in the log (a lost connection does not)."""
+    return not isinstance(exc, CONNECTION_ERRORS)
