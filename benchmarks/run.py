@@ -31,7 +31,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from dataloader import Batch, JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
+from dataloader import (
+    Batch,
+    JobContext,
+    NewJob,
+    PipelineRegistry,
+    Runner,
+    Settings,
+    WorkerSpec,
+    metrics,
+)
 from dataloader.storage import queries
 from dataloader.storage.embedded import get_server
 
@@ -93,8 +102,13 @@ class Bench:
         return Settings(  # type: ignore[call-arg]
             _env_file=None,
             db_dsn=self.dsn,
-            workers=[WorkerSpec(queue=QUEUE, concurrency=concurrency)],
-            **({"auto_migrate": False} | overrides),
+            **(
+                {
+                    "workers": [WorkerSpec(queue=QUEUE, concurrency=concurrency)],
+                    "auto_migrate": False,
+                }
+                | overrides
+            ),
         )
 
     async def sql(self, query: str, *args: Any) -> Any:
@@ -658,24 +672,23 @@ async def service_drain(b: Bench) -> dict[str, Any]:
 BATCH_SIZES = (1, 10, 100)
 
 
-def sink_registry() -> PipelineRegistry:
-    """A small job: one row into a target table. One insert per job, or one per batch."""
+def sink_registry(size: int) -> PipelineRegistry:
+    """A small job: one row into a target table. One insert per job (`size` 1), or one per
+    batch of up to `size` jobs."""
     registry = PipelineRegistry()
 
     @registry.task("sink.one")
     async def one(ctx: JobContext[dict[str, Any]]) -> None:
         await ctx.resources.execute("INSERT INTO bench_sink VALUES ($1)", ctx.args["n"])
 
-    for size in BATCH_SIZES[1:]:
+    @registry.task("sink.batch", queue=QUEUE, batch_size=max(2, size))
+    async def many(batch: Batch[dict[str, Any]]) -> None:
+        rows = [item.args["n"] for item in batch]
+        await batch.resources.execute("INSERT INTO bench_sink SELECT unnest($1::int[])", rows)
+        for item in batch:
+            batch.done(item)
 
-        @registry.task(f"sink.batch{size}", batch_size=size)
-        async def many(batch: Batch[dict[str, Any]]) -> None:
-            rows = [item.args["n"] for item in batch]
-            await batch.resources.execute("INSERT INTO bench_sink SELECT unnest($1::int[])", rows)
-            for item in batch:
-                batch.done(item)
-
-    return registry
+    return registry if size > 1 else registry.only(lambda task: task.name == "sink.one")
 
 
 @contextlib.asynccontextmanager
@@ -694,12 +707,12 @@ async def batch_sizes(b: Bench) -> dict[str, Any]:
         for size in BATCH_SIZES[r:] + BATCH_SIZES[:r]:
             await b.fresh_database()
             await b.sql("CREATE TABLE bench_sink (n int)")
-            task = "sink.one" if size == 1 else f"sink.batch{size}"
+            task = "sink.one" if size == 1 else "sink.batch"
             await b.bulk_insert(
                 n, lambda i, t=task: NewJob(queue=QUEUE, task=t, lock_key=f"j{i}", args={"n": i})
             )
             started = time.perf_counter()
-            async with Runner(b.settings(4), sink_registry(), startup=_sink_pool) as dl:
+            async with Runner(b.settings(4), sink_registry(size), startup=_sink_pool) as dl:
                 await dl.run_until_empty()
             rates[size].append(n / (time.perf_counter() - started))
             if await b.sql("SELECT count(*) FROM bench_sink") != n:
@@ -708,6 +721,67 @@ async def batch_sizes(b: Bench) -> dict[str, Any]:
     for size in BATCH_SIZES:
         result[f"batch{size}_jobs_per_s"] = statistics.median(rates[size])
     result["rounds"] = {f"batch{size}": rates[size] for size in BATCH_SIZES}
+    return result
+
+
+#: The queues of `shared_slots`, and the two ways of serving them with 6 slots.
+SHARED_QUEUES = ("bench.a", "bench.b", "bench.c")
+SLOT_LAYOUTS: dict[str, list[dict[str, Any]]] = {
+    "own_slots": [{"queue": q, "concurrency": 2} for q in SHARED_QUEUES],
+    "shared_batch1": [{"queues": list(SHARED_QUEUES), "concurrency": 6}],
+    "shared_batch10": [
+        {
+            "queues": list(SHARED_QUEUES),
+            "concurrency": 6,
+            "batch_size": dict.fromkeys(SHARED_QUEUES, 10),
+        }
+    ],
+}
+
+
+def _cycles() -> tuple[float, float]:
+    """(cycles, their seconds in all) observed so far in this process, over every queue."""
+    count = total = 0.0
+    for family in metrics.CYCLE_DURATION.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_count"):
+                count += sample.value
+            elif sample.name.endswith("_sum"):
+                total += sample.value
+    return count, total
+
+
+@phase("shared_slots")
+async def shared_slots(b: Bench) -> dict[str, Any]:
+    """No-op jobs in three queues drained by 6 slots: 2 of each queue's own, or 6 shared
+    round-robin one job or 10 jobs a cycle; jobs/s and the mean cycle of each layout, rounds
+    rotating the order."""
+    n = b.n(3000)
+    names = list(SLOT_LAYOUTS)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    cycle_ms: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(1 if b.quick else 3):
+        for name in names[r:] + names[:r]:
+            await b.fresh_database()
+            for queue in SHARED_QUEUES:
+                await b.bulk_insert(
+                    n, lambda i, q=queue: NewJob(queue=q, task="noop", lock_key=f"{q}{i}")
+                )
+            settings = b.settings(workers=SLOT_LAYOUTS[name])
+            count_before, sum_before = _cycles()
+            started = time.perf_counter()
+            async with Runner(settings, noop_registry()) as dl:
+                await dl.run_until_empty()
+            rates[name].append(3 * n / (time.perf_counter() - started))
+            count, total = _cycles()
+            cycle_ms[name].append((total - sum_before) / max(1, count - count_before) * 1000)
+            if await b.sql("SELECT count(*) FROM dl_jobs WHERE status = 'succeeded'") != 3 * n:
+                raise RuntimeError(f"{name}: drain incomplete")
+    result: dict[str, Any] = {"jobs": 3 * n, "slots": 6}
+    for name in names:
+        result[f"{name}_jobs_per_s"] = statistics.median(rates[name])
+        result[f"{name}_mean_cycle_ms"] = statistics.median(cycle_ms[name])
+    result["rounds"] = rates
     return result
 
 

@@ -178,12 +178,16 @@ async def test_a_stop_hands_the_open_jobs_back_and_keeps_the_settled(
     service = await start_service(workers=ONE_SLOT)
     assert (await service.dl.wait(settled, timeout=30)).status == JobStatus.SUCCEEDED
     await service.manager.stop(timeout=0.2)
+    await assert_handed_back(conn, open_)
+
+
+async def assert_handed_back(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> None:
+    """The jobs are queued again with their attempts refunded, and no lock is left behind."""
     rows = await conn.fetch(
-        "SELECT status::text, attempt FROM dl_jobs WHERE job_id = ANY($1::uuid[])", open_
+        "SELECT status::text, attempt FROM dl_jobs WHERE job_id = ANY($1::uuid[])", job_ids
     )
-    assert [(r["status"], r["attempt"]) for r in rows] == [("queued", 0)] * 2
-    locks = await conn.fetchval(ADVISORY_LOCKS)
-    assert locks == 0
+    assert [(r["status"], r["attempt"]) for r in rows] == [("queued", 0)] * len(job_ids)
+    assert await conn.fetchval(ADVISORY_LOCKS) == 0
 
 
 async def test_jobs_whose_args_break_the_model_fail_without_the_handler(

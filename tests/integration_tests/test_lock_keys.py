@@ -4,15 +4,18 @@ keys that collide under hashtext wait in turn, visibly."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from typing import Any
 
 import asyncpg
+import pytest
 
 from dataloader.storage import migrate
 from dataloader.storage.db import connect
 from dataloader.workers.job_context import JobContext
+from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
@@ -150,3 +153,25 @@ async def test_a_job_the_reaper_ends_wakes_the_next_job_of_its_key_in_the_same_q
     assert (await service.status(b))["status"] == "queued"  # skipped while A holds K
     await service.wait_status(a, "lost")
     await service.wait_status(b, "succeeded", timeout=10)
+
+
+async def test_the_audit_leaves_a_lock_whose_release_is_on_its_way(
+    db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job's lock given up while its unlock statement waits for the lock connection is not
+    one held for no job: the audit that reads the locks just before that statement runs leaves
+    it to the statement."""
+    holder = LockHolder(db_dsn, on_lost=lambda reason: None)
+    await holder.connect()
+    try:
+        assert await holder.try_lock([5]) == {5}
+        async with holder._mutex:  # the connection busy: both statements below wait their turn
+            audit = asyncio.create_task(holder.audit())
+            unlock = asyncio.create_task(holder.unlock([5]))
+            await asyncio.sleep(0)  # one turn of the loop: each task now waits for the mutex
+        await asyncio.gather(audit, unlock)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert await holder.try_lock([5]) == {5}
+        await holder.unlock([5])
+    finally:
+        await holder.close()

@@ -16,8 +16,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import Service, StartService
-from .helpers import ADVISORY_LOCKS
-from .test_batches import scrape
+from .test_batches import assert_handed_back, scrape
 
 
 async def enqueue(service: Service, queue: str, n: int, task: str = "s.record") -> list[uuid.UUID]:
@@ -89,12 +88,12 @@ async def test_the_slots_bound_the_jobs_running_at_once(
     assert most == 2
 
 
-async def test_a_batched_task_takes_its_queues_batch_in_one_call(
+async def test_a_batched_task_takes_its_batch_size_in_one_call(
     start_service: StartService, registry: PipelineRegistry
 ) -> None:
     sizes: list[int] = []
 
-    @registry.task("s.many", batch_size=5)
+    @registry.task("s.many", queue="m", batch_size=5)
     async def many(batch: Batch[dict[str, Any]]) -> None:
         sizes.append(len(batch))
         for item in batch:
@@ -102,9 +101,7 @@ async def test_a_batched_task_takes_its_queues_batch_in_one_call(
 
     producer = await start_service(run_workers=False)
     jobs = await enqueue(producer, "m", 12, task="s.many")
-    service = await start_service(
-        workers=[{"queues": ["m", "other"], "concurrency": 1, "batch_size": {"m": 5}}]
-    )
+    service = await start_service(workers=[{"queues": ["m", "other"], "concurrency": 1}])
     for job_id in jobs:
         await service.dl.wait(job_id, timeout=30)
     assert sizes == [5, 5, 2]
@@ -146,13 +143,8 @@ async def test_a_stop_hands_back_the_cycles_jobs_not_started(
     )
     await asyncio.wait_for(first_started.wait(), 30)
     await service.manager.stop(timeout=0.2)
-    rows = await conn.fetch(
-        "SELECT status::text, attempt FROM dl_jobs WHERE job_id = ANY($1::uuid[])", jobs
-    )
-    assert [(r["status"], r["attempt"]) for r in rows] == [("queued", 0)] * 3
+    await assert_handed_back(conn, jobs)
     assert len(started) == 1
-    locks = await conn.fetchval(ADVISORY_LOCKS)
-    assert locks == 0
 
 
 async def test_status_metrics_and_presence_show_the_shared_slots(

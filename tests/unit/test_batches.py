@@ -22,7 +22,7 @@ class Order(BaseModel):
 registry = TaskRegistry()
 
 
-@registry.task("orders.settle", args=Order, batch_size=10, retry=Fixed(7))
+@registry.task("orders.settle", queue="orders", args=Order, batch_size=10, retry=Fixed(7))
 async def settle(batch: Batch[Order]) -> None:
     """Settles each job as its args say; `leave` leaves it open, `boom` raises after."""
     for item in batch:
@@ -41,13 +41,13 @@ async def settle(batch: Batch[Order]) -> None:
         raise ConnectionError("warehouse unreachable")
 
 
-@registry.task("orders.final", batch_size=5, non_retryable=(KeyError,))
+@registry.task("orders.final", queue="orders", batch_size=5, non_retryable=(KeyError,))
 async def final(batch: Batch[dict[str, Any]]) -> None:
     batch.done(batch.items[0])
     raise KeyError("no retry helps")
 
 
-@registry.task("orders.slow", batch_size=5, timeout=0.05)
+@registry.task("orders.slow", queue="orders", batch_size=5, timeout=0.05)
 async def slow(batch: Batch[dict[str, Any]]) -> None:
     batch.done(batch.items[0])
     await asyncio.sleep(60)
@@ -126,7 +126,7 @@ async def test_settling_twice_or_a_stranger_raises() -> None:
     seen: list[str] = []
     twice = TaskRegistry()
 
-    @twice.task("t.twice", batch_size=2)
+    @twice.task("t.twice", queue="t", batch_size=2)
     async def handler(batch: Batch[dict[str, Any]]) -> None:
         first, second = batch.items
         batch.done(first)
@@ -168,7 +168,13 @@ async def test_batched_and_single_tasks_name_their_runner() -> None:
 @pytest.mark.parametrize("size", [0, 1001, True, "5", 2.0])
 def test_a_bad_batch_size_is_refused_at_once(size: Any) -> None:
     with pytest.raises(ValueError, match="batch_size"):
-        registry.task("t.bad", batch_size=size)
+        registry.task("t.bad", queue="t", batch_size=size)
+
+
+def test_a_batched_task_names_its_queue() -> None:
+    """Its queue's workers claim `batch_size` jobs at once: without a queue, none would."""
+    with pytest.raises(ValueError, match="needs the task's queue"):
+        registry.task("t.anywhere", batch_size=10)
 
 
 def test_a_batch_size_of_one_is_a_single_task() -> None:

@@ -196,3 +196,28 @@ def test_fields_are_known_by_their_json_names_whatever_they_are() -> None:
         model.model_validate({"user-id": "one"})
     with pytest.raises(ValueError, match="user-id"):
         model.model_validate({"user_id": 1})
+
+
+def test_a_batch_size_is_exported_and_a_change_of_it_is_a_note() -> None:
+    """How a worker takes the jobs is no producer's concern: never breaking."""
+    batched = registry_with(batch_size=50)
+    contract = export_contract(batched)
+    assert contract.queues["emails"].tasks["emails.send"].options.batch_size == 50
+    findings = check_contract(contract, registry_with(batch_size=20))
+    assert [str(f) for f in findings] == ["note: emails.send: batch_size 20, contract 50"]
+
+
+def test_generated_code_of_a_batched_task_takes_a_batch(tmp_path: Path) -> None:
+    text = CONTRACT.replace("options: {max_attempts: 5}", "options: {batch_size: 10}")
+    (tmp_path / "generated.py").write_text(generate_code(load_contract(text)))
+    probe = """
+import inspect, generated, dataloader
+task = dataloader.registry.get("emails.send")
+assert task.batch_size == 10
+annotation = inspect.signature(task.handler).parameters["batch"].annotation
+assert annotation == dataloader.Batch[generated.EmailsSendArgs], annotation
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr

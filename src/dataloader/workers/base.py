@@ -281,11 +281,8 @@ class QueueWorker(Slots):
         self._claiming = 0
         self._stopping: asyncio.Event | None = None
         self.claims = QueueClaims(queue, runtime)
-        #: Jobs a slot takes per claim: the largest `batch_size` of the tasks declared on
-        #: this queue (1 when none is batched).
-        self.batch_size = max(
-            (t.batch_size for t in runtime.registry.tasks() if t.queue == queue), default=1
-        )
+        #: Jobs a slot takes per claim.
+        self.batch_size = declared_batch_size(runtime, queue)
 
     def keep_slot(self) -> bool:
         """Keep a free slot for a job an outcome's write may claim for this worker (see
@@ -379,6 +376,11 @@ class QueueWorker(Slots):
         """Whether a job of this queue has ended but its outcome is not written yet: a
         failure written later may make it ready again (the write wakes this queue)."""
         return any(r.job.queue == self.queue for r in self._rt.running.values())
+
+
+def declared_batch_size(runtime: WorkerRuntime, queue: str) -> int:
+    """The largest `batch_size` of the tasks declared on `queue` (1 when none is batched)."""
+    return max((t.batch_size for t in runtime.registry.tasks() if t.queue == queue), default=1)
 
 
 async def call_batch_handler(

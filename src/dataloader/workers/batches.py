@@ -37,10 +37,9 @@ from dataloader.core import limits
 from dataloader.core.retry import seconds
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.job_context import ProcessAccess
 
 if TYPE_CHECKING:
-    from dataloader.client import Client
-    from dataloader.config import Settings
     from dataloader.context import AppContext
 
 ArgsT = TypeVar("ArgsT")
@@ -88,11 +87,12 @@ class HandlerStats:
 Settle = Callable[[ClaimedJob, Outcome], None]
 
 
-class Batch(Generic[ArgsT]):
+class Batch(ProcessAccess, Generic[ArgsT]):
     """Handed to `async def handler(batch)` of a task declared with `batch_size`: iterate it
     for its jobs (`BatchItem`), settle each with `done`, `retry` or `fail`.
 
-    `resources`, `client` and `settings` are those a single job's `JobContext` offers. A job
+    `engine`, `sessionmaker`, `resources`, `client` and `settings` are those a single job's
+    `JobContext` offers. A job
     whose cancel was requested since the claim shows it in `cancel_requested(item)`; settling
     it is the handler's choice (`fail` it, or finish it)."""
 
@@ -125,20 +125,6 @@ class Batch(Generic[ArgsT]):
     def unsettled(self) -> list[BatchItem[ArgsT]]:
         """The jobs not settled yet, in the batch's order."""
         return list(self._open.values())
-
-    @property
-    def resources(self) -> Any:
-        """What the startup hook returned (`Runner(startup=…)`; None without one)."""
-        return self.app.resources
-
-    @property
-    def client(self) -> Client:
-        """The process's client: enqueue follow-up jobs, read others."""
-        return self.app.client
-
-    @property
-    def settings(self) -> Settings:
-        return self.app.settings
 
     def cancel_requested(self, item: BatchItem[ArgsT]) -> bool:
         """Whether a client asked to cancel this job since it was claimed."""

@@ -38,7 +38,37 @@ class RunState:
         self.lost_reason: str | None = None
 
 
-class JobContext(Generic[ArgsT]):
+class ProcessAccess:
+    """What a handler may reach of its process, through `app` (the `AppContext`)."""
+
+    app: AppContext
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """SQLAlchemy engine of the target database (`DL_TARGET_DSN`, else the queue's)."""
+        return self.app.engine
+
+    @property
+    def sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        """Sessions of `engine`."""
+        return self.app.sessionmaker
+
+    @property
+    def resources(self) -> Any:
+        """What the startup hook returned (`Runner(startup=…)`; None without one)."""
+        return self.app.resources
+
+    @property
+    def client(self) -> Client:
+        """The process's client: enqueue follow-up jobs, read others."""
+        return self.app.client
+
+    @property
+    def settings(self) -> Settings:
+        return self.app.settings
+
+
+class JobContext(ProcessAccess, Generic[ArgsT]):
     """Handed to `async def handler(ctx)`.
 
     `args` are the job's arguments (an instance of the task's model, or the dict); `attempt`
@@ -72,30 +102,6 @@ class JobContext(Generic[ArgsT]):
     @property
     def job_id(self) -> uuid.UUID:
         return self.job.job_id
-
-    @property
-    def engine(self) -> AsyncEngine:
-        """SQLAlchemy engine of the target database (`DL_TARGET_DSN`, else the queue's)."""
-        return self.app.engine
-
-    @property
-    def sessionmaker(self) -> async_sessionmaker[AsyncSession]:
-        """Sessions of `engine`."""
-        return self.app.sessionmaker
-
-    @property
-    def resources(self) -> Any:
-        """What the startup hook returned (`Runner(startup=…)`; None without one)."""
-        return self.app.resources
-
-    @property
-    def client(self) -> Client:
-        """The process's client: enqueue follow-up jobs, read others."""
-        return self.app.client
-
-    @property
-    def settings(self) -> Settings:
-        return self.app.settings
 
     @property
     def resume_from(self) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Concatenate, ParamSpec, TypeVar
@@ -65,6 +66,8 @@ class LockHolder:
         self._mutex = asyncio.Lock()  # one statement at a time on the connection
         #: Reserved hashes → the connection generation that locked them.
         self._held: dict[int, int] = {}
+        #: Hashes released by this process whose unlock statement has not run yet.
+        self._unlocking: Counter[int] = Counter()
         self._generation = 0
         self.ready = asyncio.Event()
         self._lost = asyncio.Event()
@@ -142,16 +145,39 @@ class LockHolder:
             if generation == self._generation and self._conn is not None:
                 live.append(lock_hash)
         if live:
-            with contextlib.suppress(LockConnectionLost):
-                await self._run(protocol.advisory_unlock, live)
+            self._unlocking.update(live)  # until the statement has run: see `audit`
+            try:
+                with contextlib.suppress(LockConnectionLost):
+                    await self._run(protocol.advisory_unlock, live)
+            finally:
+                self._unlocking.subtract(live)
+                self._unlocking += Counter()  # drop the zeros
 
     async def audit(self) -> None:
         """Check the connection end to end (a failure counts as losing it), and release every
         lock the session holds that no job of this process reserved."""
-        held = await self._run(protocol.held_advisory_locks)
-        leaked = sorted(held - set(self._held))
+        try:
+            leaked = await self._run(self._release_leaked)
+        except LockConnectionLost:
+            raise
+        except Exception as exc:
+            self._lose(f"could not release advisory locks held for no job: {exc!r}")
+            return
         if leaked:
-            await self._release_fully(leaked, "held for no job of this process")
+            log.error("released %d advisory lock(s) held for no job of this process", len(leaked))
+
+    async def _release_leaked(self, conn: Connection) -> list[int]:
+        """Release every level of the locks `conn` holds for no job; which they were. Run under
+        the connection's mutex, so that no statement of ours runs meanwhile: every lock it
+        holds is then either reserved for a job, or on its way to release (the unlock's
+        statement waits for the mutex), or held for no one. Reading the locks, then releasing
+        in another statement, would let a lock be released and taken again for a new job in
+        between, and that job's lock be released as if it were leaked."""
+        held = await protocol.held_advisory_locks(conn)
+        leaked = sorted(held - self._held.keys() - self._unlocking.keys())
+        if leaked:
+            await protocol.advisory_unlock_fully(conn, leaked)
+        return leaked
 
     async def _release_fully(self, lock_hashes: list[int], why: str) -> None:
         """Release every level of locks this process must not hold; if that fails too, give

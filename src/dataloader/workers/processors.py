@@ -3,10 +3,11 @@
     WORKERS_JSON='[{"queues": ["emails", "sms"], "concurrency": 4,
                     "batch_size": {"emails": 10}}]'
 
-A processor takes up to `batch_size` jobs of one queue (1 unless set; a batched task's jobs go
-to its handler in one call, the others run one after another), runs them, and moves on to the
-next queue: one *cycle*. The processors start on different queues, so each queue with work gets
-some whatever the others hold. When a processor has found every queue empty in a row, it sleeps
+A processor takes up to `batch_size` jobs of one queue (unless set, the largest `batch_size` of
+the tasks declared on the queue, else 1; a batched task's jobs go to its handler in one call,
+the others run one after another), runs them, and moves on to the next queue: one *cycle*.
+The processors start on different queues, so each queue with work gets some whatever the
+others hold. When a processor has found every queue empty in a row, it sleeps
 until a queue is woken (a new job, a freed lock_key, a retry come due) or its safety poll.
 
 Each cycle is measured (`queue_job_processor_cycle_duration_seconds`): a cycle is meant to end
@@ -21,7 +22,7 @@ import asyncio
 import time
 
 from dataloader.storage.protocol import ClaimedJob
-from dataloader.workers.base import Slots
+from dataloader.workers.base import Slots, declared_batch_size
 from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
 from dataloader.workers.runtime import WorkerRuntime
@@ -43,7 +44,9 @@ class SharedSlots(Slots):
     ) -> None:
         super().__init__(concurrency, runtime, completer)
         self.queues = list(queues)
-        self.batch_size = {queue: batch_size.get(queue, 1) for queue in queues}
+        self.batch_size = {
+            queue: batch_size.get(queue) or declared_batch_size(runtime, queue) for queue in queues
+        }
         self._claims = {queue: QueueClaims(queue, runtime) for queue in queues}
         self._wakeup = asyncio.Event()
         #: Processors whose last round over every queue found nothing, since when (monotonic).

@@ -142,6 +142,9 @@ class TaskRegistry:
             if batch_size is None
             else _checked("batch_size", limits.check_batch_size, batch_size),
         )
+        if defined.batched and defined.queue is None:
+            # its queue's workers claim batch_size jobs at once: they must know the queue
+            raise ValueError(f"task {name!r}: a batch_size needs the task's queue (queue=…)")
 
         def decorate(handler: H) -> H:
             if not inspect.iscoroutinefunction(handler):
