@@ -928,6 +928,60 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
     }
 
 
+#: The filters `list_jobs` times, by name: keyword arguments of `Client.list`.
+LIST_FILTERS: dict[str, dict[str, Any]] = {
+    "newest": {},
+    "queue": {"queue": "q3"},
+    "failed": {"status": "failed"},
+    "queue_succeeded": {"queue": "q3", "status": "succeeded"},
+    "task": {"task": "t7"},
+    "lock_key": {"lock_key": "done-4242"},
+    "one_day": {"created_from": "day 10", "created_until": "day 11"},
+    "rare_queue_succeeded": {"queue": "rare", "status": "succeeded"},
+}
+
+
+@phase("list_jobs")
+async def list_jobs(b: Bench) -> dict[str, Any]:
+    """A page of 100 jobs, newest first, beside 1,000,000 finished ones (created over 30 days,
+    1 % failed, 10 queues and a rare one, 10 tasks), for each filter of LIST_FILTERS, and the
+    20th page of the unfiltered list (keyset: each page from the cursor of the one before).
+    Medians of 20 calls each."""
+    n = b.n(1_000_000)
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, created_at,"
+        " finished_at)"
+        " SELECT gen_random_uuid(), CASE WHEN i % 10000 = 1 THEN 'rare' ELSE 'q' || (i % 10) END,"
+        " 't' || (i % 10), 'done-' || i,"
+        " CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, 1, c, c"
+        " FROM generate_series(1, $1::int) AS i,"
+        " LATERAL (SELECT now() - make_interval(secs => 30 * 86400.0 * i / $1)) AS t(c)",
+        n,
+    )
+    await b.sql("VACUUM ANALYZE dl_jobs")
+    day = datetime.now(UTC) - timedelta(days=30)
+    result: dict[str, Any] = {"finished_jobs": n}
+    async with Runner(b.settings(), run_workers=False) as dl:
+        for name, filters in LIST_FILTERS.items():
+            given = {
+                key: day + timedelta(days=int(value.split()[1]))
+                if isinstance(value, str) and value.startswith("day ")
+                else value
+                for key, value in filters.items()
+            }
+            page = await dl.client.list(**given)
+            assert page.jobs, f"{name}: no job matches"
+            result[f"{name}_ms"] = await _time_ms(lambda g=given: dl.client.list(**g), 20)
+
+        async def twentieth() -> None:
+            cursor = None
+            for _ in range(20):
+                cursor = (await dl.client.list(cursor=cursor)).next_cursor
+
+        result["page_20_of_newest_ms"] = await _time_ms(twentieth, 3) / 20
+    return result
+
+
 @phase("idle_footprint")
 async def idle_footprint(b: Bench) -> dict[str, Any]:
     workers = json.dumps([{"queue": f"q{i}", "concurrency": 10} for i in range(10)])

@@ -32,6 +32,7 @@ from dataloader.core.models import (
     EnqueueResult,
     JobDefaults,
     JobEvent,
+    JobFilter,
     JobOptions,
     JobState,
     NewJob,
@@ -291,27 +292,33 @@ class Client:
         status: JobStatus | str | None = None,
         task: str | None = None,
         lock_key: str | None = None,
+        partition_key: str | None = None,
         created_from: datetime | None = None,
         created_until: datetime | None = None,
+        finished_from: datetime | None = None,
+        finished_until: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> JobPage:
-        """A page of jobs, newest first, of those matching every filter given (created_from
-        inclusive, created_until exclusive); pass `page.next_cursor` as `cursor` for the next
-        page (None: this is the last). ValueError for a limit outside 1…1000, an unknown status
-        or a cursor this list did not make."""
+        """A page of jobs, newest first (by `created_at`), of those matching every filter
+        given (`…_from` inclusive, `…_until` exclusive); pass `page.next_cursor` as `cursor`
+        for the next page (None: this is the last). Pages follow each other by keyset: jobs
+        enqueued meanwhile never shift them. ValueError for a limit outside 1…1000, an unknown
+        status, a time without an offset, or a cursor this list did not make."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise ValueError(f"limit must be an integer between 1 and 1000, not {limit!r}")
-        return await self._repo.list(
+        where = JobFilter(
             queue=queue,
             status=None if status is None else _status(status),
             task=task,
             lock_key=lock_key,
+            partition_key=partition_key,
             created_from=created_from,
             created_until=created_until,
-            limit=limit,
-            cursor=cursor,
+            finished_from=finished_from,
+            finished_until=finished_until,
         )
+        return await self._repo.list(where, limit, cursor)
 
     async def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
         """Per-queue statistics: {queue: QueueStats} for every queue holding jobs that are

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -154,3 +155,43 @@ async def test_the_job_put_back_is_written_by_its_primary_key(db_dsn: str) -> No
     finally:
         await conn.close()
     assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
+
+
+#: A value of each filter of a job list, as the client passes it.
+LIST_VALUES: dict[str, Any] = {
+    "queue": "q3",
+    "status": "succeeded",
+    "task": "t",
+    "lock_key": "key-7",
+    "partition_key": "p",
+    "created_from": datetime(2026, 1, 1, tzinfo=UTC),
+    "created_until": datetime(2036, 1, 1, tzinfo=UTC),
+    "finished_from": datetime(2026, 1, 1, tzinfo=UTC),
+    "finished_until": datetime(2036, 1, 1, tzinfo=UTC),
+}
+
+
+@pytest.mark.parametrize(
+    "filters", [(), *((name,) for name in LIST_VALUES), ("queue", "status"), ("after",)]
+)
+async def test_a_page_of_jobs_is_read_in_order_from_an_index(
+    db_dsn: str, filters: tuple[str, ...]
+) -> None:
+    """Beside 20,000 finished jobs, whatever the filters: no pass over the whole table, no sort
+    of every match (a page of 100 took 100-700 ms beside 1,000,000 jobs that way)."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, finished_at)"
+            " SELECT gen_random_uuid(), 'q' || (i % 10), 't', 'key-' || i, 'succeeded', now()"
+            " FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        statement = queries.list_jobs(frozenset(filters))
+        values = {name: LIST_VALUES[name] for name in filters if name != "after"}
+        if "after" in filters:
+            values |= {"after_created": datetime(2036, 1, 1, tzinfo=UTC), "after_id": uuid.uuid4()}
+        plan = await plan_of(conn, *statement.bind(**values, limit=101))
+        assert "Seq Scan" not in plan, plan
+    finally:
+        await conn.close()

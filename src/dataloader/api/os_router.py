@@ -26,7 +26,7 @@ def package_version() -> str:
     return version("dataloader")
 
 
-@router.get("/health")
+@router.get("/health", operation_id="health")
 async def health() -> dict[str, str]:
     """Liveness/readiness: the process answers. Touches no database."""
     return {"status": "ok"}
@@ -45,7 +45,9 @@ async def get_metrics() -> Response:
     return Response(content=body, media_type=content_type)
 
 
-@router.get("/status", dependencies=[requires(Scope.read)], responses=AUTH_ERRORS)
+@router.get(
+    "/status", operation_id="get_status", dependencies=[requires(Scope.read)], responses=AUTH_ERRORS
+)
 async def status(request: Request) -> JSONResponse:
     """Database reachability, job counts per queue and status, this process's workers, the
     live processes (`live_workers`), and warnings (queues with ready jobs that no live process

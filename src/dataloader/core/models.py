@@ -10,7 +10,7 @@ settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `JobOptions
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -194,6 +194,42 @@ class JobState:
             JobStatus.CANCELED,
             JobStatus.LOST,
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFilter:
+    """Which jobs a list (or a bulk cancel or retry) takes: those matching every field given
+    (None: any). Times are ranges, `from` inclusive, `until` exclusive."""
+
+    queue: str | None = None
+    status: JobStatus | None = None
+    task: str | None = None
+    lock_key: str | None = None
+    partition_key: str | None = None
+    created_from: datetime | None = None
+    created_until: datetime | None = None
+    finished_from: datetime | None = None
+    finished_until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            try:
+                object.__setattr__(self, "status", JobStatus(self.status))
+            except ValueError:
+                known = ", ".join(s.value for s in JobStatus)
+                raise InvalidJob("status", f"must be one of {known}") from None
+        for name in ("created_from", "created_until", "finished_from", "finished_until"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    limits.check_instant(value)
+                except ValueError as exc:
+                    raise InvalidJob(name, str(exc)) from None
+
+    def given(self) -> dict[str, Any]:
+        """The fields given, by name."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ Rules kept by all statements below:
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from dataloader.storage.statement import Statement
@@ -134,26 +135,47 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
 FROM dl_jobs WHERE job_id = :job_id
 """)
 
-#: A page of jobs, newest first, by keyset (`after_created`, `after_id`: the last job of the
-#: previous page); each filter applies when given (not NULL). The caller asks for one row
-#: more than it shows, to learn whether another page follows.
-LIST_JOBS: Final = Statement("""
+#: What a page of jobs filters on: each filter, by name, is a condition over parameters of
+#: its own name. A statement holds only the conditions given (see `list_jobs`), so that the
+#: planner sees them all and picks its index: `(:x IS NULL OR col = :x)` in a prepared
+#: statement gets a generic plan that reads the whole table.
+JOB_FILTERS: Final = {
+    # the (status, queue) index answers a rare queue; the order's index a common one
+    "queue": "queue = :queue AND status = ANY(enum_range(NULL::dl_status))",
+    "status": "status = :status::dl_status",
+    "task": "task = :task",
+    "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key",
+    "partition_key": "partition_key = :partition_key",
+    "created_from": "created_at >= :created_from",
+    "created_until": "created_at < :created_until",
+    "finished_from": "finished_at >= :finished_from",
+    "finished_until": "finished_at < :finished_until",
+    # the keyset of the next page: the last job of the page before
+    "after": "(created_at, job_id) < (:after_created, :after_id::uuid)",
+}
+
+_LIST_JOBS = """
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
        progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
 FROM dl_jobs
-WHERE (:queue::text IS NULL OR queue = :queue)
-  AND (:status::text IS NULL OR status::text = :status)
-  AND (:task::text IS NULL OR task = :task)
-  AND (:lock_key::text IS NULL OR lock_key = :lock_key)
-  AND (:created_from::timestamptz IS NULL OR created_at >= :created_from)
-  AND (:created_until::timestamptz IS NULL OR created_at < :created_until)
-  AND (:after_created::timestamptz IS NULL
-       OR (created_at, job_id) < (:after_created, :after_id::uuid))
+WHERE {conditions}
 ORDER BY created_at DESC, job_id DESC
 LIMIT :limit
-""")
+"""
+
+
+@functools.cache
+def list_jobs(filters: frozenset[str]) -> Statement:
+    """A page of jobs newest first, with the conditions of `filters` (names of JOB_FILTERS).
+    The caller asks for one row more than it shows, to learn whether another page follows."""
+    unknown = filters - JOB_FILTERS.keys()
+    if unknown:
+        raise ValueError(f"no such job filter: {sorted(unknown)}")
+    conditions = [JOB_FILTERS[name] for name in JOB_FILTERS if name in filters] or ["true"]
+    return Statement(_LIST_JOBS.format(conditions="\n  AND ".join(conditions)))
+
 
 #: What the client decides a cancel, a retry or a re-run on.
 JOB_FACTS: Final = Statement("""

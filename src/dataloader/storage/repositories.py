@@ -10,13 +10,16 @@ that a connection's codecs do not matter. Decisions (a cancel, a retry, a re-run
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import json
+import re
+import struct
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from asyncpg import Record
@@ -28,6 +31,7 @@ from dataloader.core.models import (
     EnqueueResult,
     JobDefaults,
     JobEvent,
+    JobFilter,
     JobOptions,
     JobState,
     NewJob,
@@ -79,34 +83,19 @@ class JobRepository:
             row = await conn.fetchrow(*queries.JOB_STATUS.bind(job_id=job_id))
         return None if row is None else job_state(row)
 
-    async def list(
-        self,
-        *,
-        queue: str | None = None,
-        status: JobStatus | str | None = None,
-        task: str | None = None,
-        lock_key: str | None = None,
-        created_from: datetime | None = None,
-        created_until: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> JobPage:
+    async def list(self, where: JobFilter, limit: int, cursor: str | None = None) -> JobPage:
         """Jobs newest first, filtered; `cursor` is the `next_cursor` of the previous page."""
+        values = where.given()
+        if where.status is not None:
+            values["status"] = where.status.value
         after_created, after_id = _decode_cursor(cursor)
+        if after_created is not None:
+            values |= {"after": True, "after_created": after_created, "after_id": after_id}
+        statement = queries.list_jobs(frozenset(values.keys() & queries.JOB_FILTERS.keys()))
+        values.pop("after", None)
         async with self.connections.connection() as conn:
-            rows = await conn.fetch(
-                *queries.LIST_JOBS.bind(
-                    queue=queue,
-                    status=None if status is None else JobStatus(status).value,
-                    task=task,
-                    lock_key=lock_key,
-                    created_from=created_from,
-                    created_until=created_until,
-                    after_created=after_created,
-                    after_id=after_id,
-                    limit=limit + 1,  # one more: is there another page?
-                )
-            )
+            # one more than the page: is there another page?
+            rows = await conn.fetch(*statement.bind(**values, limit=limit + 1))
         jobs = [job_state(r) for r in rows[:limit]]
         return JobPage(jobs, _cursor(jobs[-1]) if len(rows) > limit else None)
 
@@ -375,7 +364,7 @@ def _json(text: str | None) -> Any:
 
 
 def job_state(row: Record) -> JobState:
-    """A JobState from a row of JOB_STATUS or LIST_JOBS."""
+    """A JobState from a row of JOB_STATUS or of `list_jobs`."""
     return JobState(
         job_id=row["job_id"],
         status=JobStatus(row["status"]),
@@ -402,22 +391,30 @@ def job_state(row: Record) -> JobState:
     )
 
 
+#: A cursor: the last job of a page, (created_at in microseconds since 1970, job_id), packed
+#: and base64url-encoded: 32 characters of CURSOR_PATTERN, every one of which decodes.
+_CURSOR: Final = struct.Struct(">q16s")
+CURSOR_PATTERN: Final = r"^[A-Za-z0-9_-]{32}$"
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROS_RANGE: Final = (
+    (datetime.min.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1) + 1,
+    (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1) - 1,
+)
+
+
 def _cursor(job: JobState) -> str:
-    return f"{job.created_at.isoformat()}~{job.job_id}"
+    micros = (job.created_at - _EPOCH) // timedelta(microseconds=1)
+    return base64.urlsafe_b64encode(_CURSOR.pack(micros, job.job_id.bytes)).decode()
 
 
 def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
     """(created_at, job_id) of the last job of the previous page; ValueError for anything
-    `_cursor` did not make."""
+    that is not 32 characters of CURSOR_PATTERN. Any such text is a position in the list (one
+    made up just starts the page elsewhere), so the API's pattern is its whole check."""
     if cursor is None:
         return None, None
-    try:
-        if not isinstance(cursor, str):
-            raise ValueError
-        created_text, job_id = cursor.split("~")
-        created = datetime.fromisoformat(created_text)
-        if created.utcoffset() is None:
-            raise ValueError
-        return created, uuid.UUID(job_id)
-    except ValueError:
-        raise ValueError(f"not a cursor of this list: {cursor!r}") from None
+    if not isinstance(cursor, str) or not re.fullmatch(CURSOR_PATTERN, cursor):
+        raise ValueError(f"not a cursor of this list: {cursor!r}"[:200])
+    micros, job_id = _CURSOR.unpack(base64.urlsafe_b64decode(cursor))
+    micros = min(max(micros, _MICROS_RANGE[0]), _MICROS_RANGE[1])
+    return _EPOCH + timedelta(microseconds=micros), uuid.UUID(bytes=job_id)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     IdempotencyConflictResponse,
+    JobListQuery,
+    JobListResponse,
     JobStatusResponse,
     TriggerRequest,
     TriggerResponse,
@@ -40,6 +42,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
             "description": "The idempotency_key already names a job with other fields",
         },
     },
+    operation_id="trigger_job",
     dependencies=[requires(Scope.trigger)],
 )
 async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
@@ -49,9 +52,22 @@ async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
 
 
 @router.get(
+    "",
+    response_model=JobListResponse,
+    operation_id="list_jobs",
+    dependencies=[requires(Scope.read)],
+)
+async def list_jobs(query: Annotated[JobListQuery, Query()], service: Service) -> JobListResponse:
+    """Jobs newest first, filtered by every parameter given, a page at a time (`next_cursor`).
+    Answered from indexes: a page costs milliseconds beside millions of finished jobs."""
+    return await service.list(query)
+
+
+@router.get(
     "/{job_id}/status",
     response_model=JobStatusResponse,
     responses=NOT_FOUND,
+    operation_id="get_job",
     dependencies=[requires(Scope.read)],
 )
 async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
@@ -63,6 +79,7 @@ async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     "/{job_id}/cancel",
     response_model=JobStatusResponse,
     responses=NOT_FOUND,
+    operation_id="cancel_job",
     dependencies=[requires(Scope.trigger)],
 )
 async def cancel(job_id: uuid.UUID, service: Service) -> JobStatusResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from pydantic import (
 
 from dataloader.base import JobStatus
 from dataloader.core import limits
+from dataloader.storage.repositories import CURSOR_PATTERN
 
 
 def _text_schema(min_chars: int, max_chars: int) -> WithJsonSchema:
@@ -66,10 +68,14 @@ LeaseTtl = Annotated[
 JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
 
 
+#: The start of an RFC 3339 date-time: a date, then its time.
+_RFC3339_START = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]")
+
+
 def _a_string(value: object) -> object:
     """An instant arrives as an RFC 3339 string only, as the schema says: pydantic would also
-    take a number as seconds since 1970."""
-    if not isinstance(value, str):
+    take a number, or a string of one (a query parameter's), as seconds since 1970."""
+    if not isinstance(value, str) or not _RFC3339_START.match(value):
         raise ValueError("must be an RFC 3339 date-time string")
     return value
 
@@ -151,6 +157,38 @@ class JobStatusResponse(BaseModel):
         default=None, description="The cursor the task last saved; the next attempt resumes there."
     )
     rerun_requested: bool = False
+
+
+class JobListQuery(BaseModel):
+    """`GET /api/v1/jobs` filters: every one given must match."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: Name | None = None
+    status: JobStatus | None = None
+    task: Name | None = None
+    lock_key: Key | None = None
+    partition_key: PartitionKey | None = None
+    created_from: Instant | None = Field(None, description="Created at or after (RFC 3339).")
+    created_until: Instant | None = Field(None, description="Created before (RFC 3339).")
+    finished_from: Instant | None = Field(None, description="Finished at or after (RFC 3339).")
+    finished_until: Instant | None = Field(None, description="Finished before (RFC 3339).")
+    limit: int = Field(100, ge=1, le=1000, description="Jobs per page.")
+    cursor: str | None = Field(
+        None,
+        pattern=CURSOR_PATTERN,
+        description="`next_cursor` of the page before: the next page.",
+    )
+
+
+class JobListResponse(BaseModel):
+    """A page of jobs, newest first."""
+
+    jobs: list[JobStatusResponse]
+    next_cursor: str | None = Field(
+        description="Pass it as `cursor` for the next page; null: this is the last page. Pages"
+        " follow each other by keyset: jobs enqueued meanwhile never shift them."
+    )
 
 
 class QueueStatsResponse(BaseModel):

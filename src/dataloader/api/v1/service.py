@@ -13,7 +13,13 @@ from dataloader.contract import ContractGuard
 from dataloader.core.models import JobState, NewJob
 from dataloader.exceptions import JobNotFound, UnknownTask
 
-from .schemas import JobStatusResponse, TriggerRequest, TriggerResponse
+from .schemas import (
+    JobListQuery,
+    JobListResponse,
+    JobStatusResponse,
+    TriggerRequest,
+    TriggerResponse,
+)
 
 
 class JobsService:
@@ -63,6 +69,14 @@ class JobsService:
     async def status(self, job_id: uuid.UUID) -> JobStatusResponse:
         """The job's state; JobNotFound if there is none."""
         return _response(await self._client.get(job_id))
+
+    async def list(self, query: JobListQuery) -> JobListResponse:
+        """A page of jobs newest first."""
+        page = await self._client.list(**query.model_dump(exclude_none=True))
+        return JobListResponse(
+            jobs=[JobStatusResponse(**asdict(job)) for job in page.jobs],
+            next_cursor=page.next_cursor,
+        )
 
     async def cancel(self, job_id: uuid.UUID) -> JobStatusResponse:
         """Cancel (queued → canceled; running → cancel requested; finished → unchanged)."""

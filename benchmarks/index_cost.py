@@ -1,0 +1,54 @@
+"""What the job list's indexes (migration 0012) cost writes: a fresh database with them, without
+them, and with a third one on `hashtext(partition_key)`; 20,000 jobs enqueued in batches of
+1,000, then drained by 10 slots. Three rounds rotating the variants; medians.
+
+    python benchmarks/index_cost.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import run
+
+#: Statements turning a freshly migrated database into each variant.
+VARIANTS: dict[str, list[str]] = {
+    "without": ["DROP INDEX ix_dl_jobs_created", "DROP INDEX ix_dl_jobs_lock_key_hash"],
+    "with": [],
+    "plus_partition": ["CREATE INDEX ix_partition_hash ON dl_jobs (hashtext(partition_key))"],
+}
+JOBS = 20_000
+
+
+async def once(bench: run.Bench, variant: str) -> tuple[float, float]:
+    """(enqueue jobs/s, drain jobs/s) of one variant."""
+    await bench.fresh_database()
+    for statement in VARIANTS[variant]:
+        await bench.sql(statement)
+    started = time.perf_counter()
+    await bench.bulk_insert(JOBS)
+    enqueue = JOBS / (time.perf_counter() - started)
+    return enqueue, JOBS / await bench.drain(JOBS, 10)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", required=True, help="a server's admin DSN")
+    bench = run.Bench(parser.parse_args().dsn, quick=False)
+    names = list(VARIANTS)
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for r in range(3):
+        for name in names[r:] + names[:r]:
+            figures[name].append(await once(bench, name))
+    print("| variant | enqueue jobs/s | drain jobs/s |\n| --- | --- | --- |")
+    for name, rounds in figures.items():
+        enqueue = statistics.median(f[0] for f in rounds)
+        drain = statistics.median(f[1] for f in rounds)
+        print(f"| {name} | {enqueue:,.0f} | {drain:,.0f} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
