@@ -327,9 +327,18 @@ class Client:
         in the table as with none."""
         return await self._admin.queue_stats(queue)
 
-    async def events(self, job_id: uuid.UUID | str) -> builtins.list[JobEvent]:
-        """The job's journal, oldest first (empty if there is no such job)."""
-        return await self._repo.events(_uuid(job_id))
+    async def events(
+        self, job_id: uuid.UUID | str, *, after: int = 0, limit: int | None = None
+    ) -> builtins.list[JobEvent]:
+        """The job's journal, oldest first (empty if there is no such job): the entries after
+        the one whose `event_id` is `after` (to read on from the last one seen), `limit` at
+        most (None: all)."""
+        for name, value in (("after", after), ("limit", limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, not {value!r}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        return await self._repo.events(_uuid(job_id), after, limit)
 
     async def wait(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobState:
         """Return once the job has ended (succeeded, failed, canceled or lost), with its

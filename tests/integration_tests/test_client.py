@@ -652,3 +652,14 @@ async def test_retry_of_a_canceled_job_queues_it_with_a_fresh_budget(
     assert events[-1].payload["was"] == "canceled"
     with pytest.raises(JobNotFound):
         await client.retry(uuid.uuid4())
+
+
+async def test_events_read_on_from_the_last_one_seen(client: Client) -> None:
+    job = await client.enqueue("t.any", queue="q", lock_key="k")
+    await client.cancel(job.job_id)
+    first, second = await client.events(job.job_id)
+    assert await client.events(job.job_id, after=first.event_id) == [second]
+    assert await client.events(job.job_id, limit=1) == [first]
+    for bad in ({"after": "1"}, {"limit": 0}, {"limit": True}):
+        with pytest.raises(ValueError, match=r"after|limit"):
+            await client.events(job.job_id, **bad)

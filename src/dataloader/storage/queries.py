@@ -184,10 +184,13 @@ SELECT status::text AS status, attempt, max_attempts, handbacks, cancel_requeste
 FROM dl_jobs WHERE job_id = :job_id
 """)
 
-#: A job's journal, oldest first (payloads as JSON text).
+#: A job's journal, oldest first (payloads as JSON text): the entries after `:after` (an
+#: event_id; 0: from the first), at most `:limit` of them (NULL: all).
 JOB_EVENTS: Final = Statement("""
 SELECT event_id, kind, ts, payload::text AS payload FROM dl_job_events
-WHERE job_id = :job_id ORDER BY event_id
+WHERE job_id = :job_id AND event_id > :after
+ORDER BY event_id
+LIMIT :limit
 """)
 
 #: Whether the database was ever migrated by dataloader (see APPLIED_MIGRATIONS).

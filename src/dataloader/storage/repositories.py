@@ -99,10 +99,14 @@ class JobRepository:
         jobs = [job_state(r) for r in rows[:limit]]
         return JobPage(jobs, _cursor(jobs[-1]) if len(rows) > limit else None)
 
-    async def events(self, job_id: uuid.UUID) -> builtins.list[JobEvent]:
-        """The job's journal, oldest first."""
+    async def events(
+        self, job_id: uuid.UUID, after: int = 0, limit: int | None = None
+    ) -> builtins.list[JobEvent]:
+        """The job's journal, oldest first: the entries after event `after`, `limit` at most."""
         async with self.connections.connection() as conn:
-            rows = await conn.fetch(*queries.JOB_EVENTS.bind(job_id=job_id))
+            rows = await conn.fetch(
+                *queries.JOB_EVENTS.bind(job_id=job_id, after=after, limit=limit)
+            )
         return [
             JobEvent(
                 r["event_id"],

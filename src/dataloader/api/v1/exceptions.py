@@ -18,6 +18,7 @@ from dataloader.exceptions import (
     InvalidJob,
     InvalidJobArgs,
     JobNotFound,
+    NotRetryable,
     UnknownTask,
 )
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -38,6 +39,10 @@ async def _conflict(_request: Request, exc: Exception) -> JSONResponse:
         "fields": list(exc.fields),
     }
     return JSONResponse(status_code=409, content=body)
+
+
+async def _not_retryable(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=409, content={"detail": str(exc)})
 
 
 async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
@@ -112,6 +117,7 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
 def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(NotRetryable, _not_retryable)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
     app.add_exception_handler(InvalidJob, _invalid_job)
     app.add_exception_handler(UnknownTask, _unknown_task)

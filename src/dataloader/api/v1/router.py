@@ -12,6 +12,7 @@ from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     IdempotencyConflictResponse,
+    JobEventsResponse,
     JobListQuery,
     JobListResponse,
     JobStatusResponse,
@@ -73,6 +74,39 @@ async def list_jobs(query: Annotated[JobListQuery, Query()], service: Service) -
 async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     """A job's status, attempt, timings, error and progress."""
     return await service.status(job_id)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=JobEventsResponse,
+    responses=NOT_FOUND,
+    operation_id="list_job_events",
+    dependencies=[requires(Scope.read)],
+)
+async def events(
+    job_id: uuid.UUID,
+    service: Service,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="The last event_id seen.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Events at most.")] = 1000,
+) -> JobEventsResponse:
+    """A job's journal, oldest first: pass the last `event_id` seen as `after` to read on."""
+    return await service.events(job_id, after, limit)
+
+
+@router.post(
+    "/{job_id}/retry",
+    response_model=JobStatusResponse,
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorResponse, "description": "The job is not failed, lost or canceled"},
+    },
+    operation_id="retry_job",
+    dependencies=[requires(Scope.trigger)],
+)
+async def retry(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+    """Send a failed, lost or canceled job back to the queue with a fresh budget of attempts;
+    it resumes from its checkpoint."""
+    return await service.retry(job_id)
 
 
 @router.post(

@@ -191,6 +191,21 @@ class JobListResponse(BaseModel):
     )
 
 
+class JobEventResponse(BaseModel):
+    """One entry of a job's journal."""
+
+    event_id: int = Field(description="Increasing: pass the last one seen as `after`.")
+    kind: str = Field(description="queued, picked, heartbeat, requeue, done, failed, canceled…")
+    ts: datetime
+    payload: dict[str, Any] | None = None
+
+
+class JobEventsResponse(BaseModel):
+    """A job's journal, oldest first."""
+
+    events: list[JobEventResponse]
+
+
 class QueueStatsResponse(BaseModel):
     """What a queue holds now (`GET /api/v1/queues/{queue}`, and each of `GET /api/v1/queues`)."""
 

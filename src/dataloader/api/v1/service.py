@@ -14,6 +14,8 @@ from dataloader.core.models import JobState, NewJob
 from dataloader.exceptions import JobNotFound, UnknownTask
 
 from .schemas import (
+    JobEventResponse,
+    JobEventsResponse,
     JobListQuery,
     JobListResponse,
     JobStatusResponse,
@@ -77,6 +79,17 @@ class JobsService:
             jobs=[JobStatusResponse(**asdict(job)) for job in page.jobs],
             next_cursor=page.next_cursor,
         )
+
+    async def events(self, job_id: uuid.UUID, after: int, limit: int) -> JobEventsResponse:
+        """The job's journal after event `after`; JobNotFound if there is no such job."""
+        events = await self._client.events(job_id, after=after, limit=limit)
+        if not events and await self._client.get(job_id) is None:
+            raise JobNotFound("job not found")
+        return JobEventsResponse(events=[JobEventResponse(**asdict(e)) for e in events])
+
+    async def retry(self, job_id: uuid.UUID) -> JobStatusResponse:
+        """A failed, lost or canceled job back to the queue (NotRetryable otherwise)."""
+        return _response(await self._client.retry(job_id))
 
     async def cancel(self, job_id: uuid.UUID) -> JobStatusResponse:
         """Cancel (queued → canceled; running → cancel requested; finished → unchanged)."""
