@@ -92,9 +92,9 @@ class Batch(ProcessAccess, Generic[ArgsT]):
     for its jobs (`BatchItem`), settle each with `done`, `retry` or `fail`.
 
     `engine`, `sessionmaker`, `resources`, `client` and `settings` are those a single job's
-    `JobContext` offers. A job
-    whose cancel was requested since the claim shows it in `cancel_requested(item)`; settling
-    it is the handler's choice (`fail` it, or finish it)."""
+    `JobContext` offers. A job whose cancel was requested since the claim shows it in
+    `cancel_requested(item)`; settling it is the handler's choice (`fail` it, or finish it).
+    A batch holds one job at least."""
 
     def __init__(
         self,
@@ -107,7 +107,7 @@ class Batch(ProcessAccess, Generic[ArgsT]):
     ) -> None:
         self.items = items
         self.app = app
-        self.log = logging.getLogger(f"dataloader.pipeline.{items[0].job.task}" if items else "")
+        self.log = logging.getLogger(f"dataloader.pipeline.{items[0].job.task}")
         self._settle = settle
         self._cancel_requested = cancel_requested
         self._max_result_bytes = max_result_bytes
