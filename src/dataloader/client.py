@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import copy
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 from dataloader.base import JobStatus
 from dataloader.config import Settings, load_settings
+from dataloader.core import limits
 from dataloader.core.models import (
     EnqueueResult,
     JobDefaults,
@@ -38,6 +40,7 @@ from dataloader.core.models import (
     NewJob,
     QueueStats,
 )
+from dataloader.core.queues import QueueEvent, QueueSettings
 from dataloader.exceptions import DatabaseUnavailable, DataloaderError, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db, queries
@@ -76,6 +79,8 @@ log = logging.getLogger(__name__)
 WAIT_RECHECK_SEC: Final = 30.0
 #: What a wait pending when its client closes raises.
 CLOSED_MESSAGE: Final = "the client is closed"
+#: Clients kept per actor by `acting_as` (beyond this, the cache starts again).
+MAX_ACTORS: Final = 256
 
 
 class Client:
@@ -116,6 +121,31 @@ class Client:
         self._unknown_task_options = JobOptions.of(None, self._defaults)
         self._finished = _FinishedJobs(self._connections, settings.db_timeout_sec)
         self._owned_pool: Pool | None = None
+        #: The client this one acts for (`acting_as`), which owns what they share.
+        self._origin: Client | None = None
+        self._actors: dict[str, Client] = {}
+
+    @property
+    def actor(self) -> str:
+        """Who this client's changes are recorded as done by (the journal's `by`)."""
+        return self._repo.actor
+
+    def acting_as(self, actor: str) -> Client:
+        """This client, its changes recorded as done by `actor` (a person, a token's name, a
+        program): triggers, cancels, retries, pauses and resumes name it in the job's journal
+        or the queue's audit log. It shares this client's connections; closing it closes
+        nothing."""
+        actor = limits.check_name(actor)
+        origin = self._origin or self
+        view = origin._actors.get(actor)
+        if view is None:
+            if len(origin._actors) >= MAX_ACTORS:
+                origin._actors.clear()
+            view = copy.copy(origin)
+            view._repo = JobRepository(origin._connections, actor)
+            view._origin, view._owned_pool, view._actors = origin, None, {}
+            origin._actors[actor] = view
+        return view
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -146,7 +176,9 @@ class Client:
 
     async def close(self) -> None:
         """Stop listening for ended jobs (a wait still pending raises RuntimeError); close the
-        pool if `connect` opened it."""
+        pool if `connect` opened it. (A client made by `acting_as` closes nothing.)"""
+        if self._origin is not None:
+            return
         try:
             await self._finished.close()
         finally:
@@ -333,11 +365,7 @@ class Client:
         """The job's journal, oldest first (empty if there is no such job): the entries after
         the one whose `event_id` is `after` (to read on from the last one seen), `limit` at
         most (None: all)."""
-        for name, value in (("after", after), ("limit", limit)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, not {value!r}")
-        if limit is not None and limit < 1:
-            raise ValueError(f"limit must be at least 1, not {limit}")
+        _check_page(after, limit)
         return await self._repo.events(_uuid(job_id), after, limit)
 
     async def wait(self, job_id: uuid.UUID | str, timeout: float | None = None) -> JobState:
@@ -392,6 +420,27 @@ class Client:
         attempts (journaled `retried`); its checkpoint stays, so it resumes. NotRetryable for
         a job in any other state, JobNotFound if there is none. The state after."""
         return await self._repo.retry(_uuid(job_id))
+
+    # queues ----------------------------------------------------------------------------------
+
+    async def pause(self, queue: str) -> QueueSettings:
+        """Pause `queue`: from now on no worker of any process claims its jobs (those
+        running finish; triggers are still accepted). Recorded in the queue's audit log with
+        this client's actor; pausing a paused queue changes nothing. Its settings after."""
+        return await self._admin.pause(limits.check_name(queue), self.actor)
+
+    async def resume(self, queue: str) -> QueueSettings:
+        """Resume a paused `queue` and wake the workers that serve it (audited like
+        `pause`); resuming a queue that is not paused changes nothing."""
+        return await self._admin.resume(limits.check_name(queue), self.actor)
+
+    async def queue_events(
+        self, queue: str, *, after: int = 0, limit: int | None = None
+    ) -> builtins.list[QueueEvent]:
+        """The queue's audit log (who paused and resumed it), oldest first, after the entry
+        whose `event_id` is `after`, `limit` entries at most (None: all)."""
+        _check_page(after, limit)
+        return await self._admin.queue_events(limits.check_name(queue), after, limit)
 
     async def __aenter__(self) -> Client:
         return self
@@ -607,6 +656,15 @@ def _when(value: object) -> tuple[datetime | None, timedelta | None]:
     raise InvalidJob(
         "available_at", f"must be a datetime or a timedelta, not {type(value).__name__}"
     )
+
+
+def _check_page(after: int, limit: int | None) -> None:
+    """ValueError unless `after` is an integer and `limit` None or a positive integer."""
+    for name, value in (("after", after), ("limit", limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, not {value!r}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

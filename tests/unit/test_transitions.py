@@ -477,7 +477,7 @@ def test_retry_queues_a_failed_lost_or_canceled_job_with_a_fresh_budget(
     assert (t.attempt, t.handbacks) == (0, 0)
     assert t.retry_in_sec == 0
     assert t.cancel_requested is False
-    assert t.detail == {"by": "client", "was": status.value}
+    assert t.detail == {"was": status.value}
 
 
 def test_retry_keeps_the_error_and_the_checkpoint() -> None:

@@ -17,6 +17,7 @@ from dataloader.api.openapi import install_openapi
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
 from dataloader.api.v1.exceptions import install_exception_handlers
+from dataloader.api.v1.queues import audit_router as queue_events_router
 from dataloader.api.v1.queues import router as queues_router
 from dataloader.api.v1.router import router as v1_router
 from dataloader.api.v1.service import JobsService
@@ -89,6 +90,7 @@ def create_app(
     app.include_router(os_router)
     app.include_router(v1_router)
     app.include_router(queues_router)
+    app.include_router(queue_events_router)
     app.include_router(tasks_router)
     return app
 

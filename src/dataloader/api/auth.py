@@ -29,6 +29,9 @@ _bearer = HTTPBearer(
     auto_error=False, description="A token of DL_API_TOKENS (when authentication is on)."
 )
 
+#: Who a request is recorded as made by when authentication is off.
+UNAUTHENTICATED_ACTOR = "api"
+
 #: 401/403 answers for the OpenAPI schema of protected routes.
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or unknown bearer token"},
@@ -108,6 +111,7 @@ def authorize(request: Request, scope: Scope) -> None:
     off or the request's bearer token has at least `scope`."""
     authenticator: Authenticator = request.app.state.authenticator
     if not authenticator.enabled:
+        request.state.actor = UNAUTHENTICATED_ACTOR
         return
     presented = _bearer_token(request)
     token = authenticator.identify(presented) if presented else None
@@ -127,6 +131,17 @@ def authorize(request: Request, scope: Scope) -> None:
         raise HTTPException(
             403, f"this token's scope is {token.scope.name}; {scope.name} is needed"
         )
+    request.state.actor = f"token:{token.name}"
+
+
+async def actor_of(request: Request) -> str:
+    """Who makes the request, as the journal and audit logs record it: `token:<name>` of its
+    bearer token, or `api` when authentication is off."""
+    return getattr(request.state, "actor", UNAUTHENTICATED_ACTOR)
+
+
+#: A route's dependency: who makes the request (see `actor_of`).
+Actor = Annotated[str, Depends(actor_of)]
 
 
 def _bearer_token(request: Request) -> str | None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from dataloader.base import JobStatus
 from dataloader.core import limits
+from dataloader.core.queues import Throughput
 from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import InvalidJob
 
@@ -248,6 +249,16 @@ class QueueStats:
     lost: int
     #: Seconds since the longest-waiting due job (ready or waiting) became due; None: none is.
     oldest_ready_age_sec: float | None
+    #: Paused: no worker claims its jobs (see `Client.pause`); by whom, and since when.
+    paused: bool = False
+    paused_by: str | None = None
+    paused_at: datetime | None = None
+    #: Live processes serving it, and their slots for it (slots shared by several queues
+    #: count for each).
+    workers: int = 0
+    slots: int = 0
+    #: Attempts its workers ended in the last 1, 5 and 60 minutes.
+    throughput: tuple[Throughput, ...] = ()
 
     @property
     def total(self) -> int:

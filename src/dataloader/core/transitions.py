@@ -244,7 +244,7 @@ def on_retry(job: JobFacts) -> Transition:
         cancel_requested=False,
         # a re-run left requested when the job was canceled is served by this run
         rerun_requested=False,
-        detail={"by": "client", "was": job.status.value},
+        detail={"was": job.status.value},  # the journal adds who asked (`by`)
     )
 
 

@@ -1,30 +1,85 @@
-"""What operators read of the queue as a whole: per-queue statistics, counts per queue and
-status, the table's health, recent lock_key collisions."""
+"""What operators read of the queue as a whole and set on its queues: per-queue statistics,
+pause and resume with their audit log, counts per queue and status, the table's health, recent
+lock_key collisions."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 from dataloader.core.models import QueueStats
+from dataloader.core.queues import (
+    THROUGHPUT_WINDOWS_SEC,
+    QueueEvent,
+    QueueSettings,
+    Throughput,
+    throughput_of,
+)
 from dataloader.storage import queries
 from dataloader.storage.connections import Connections
+from dataloader.storage.db import AnyConnection
 
 
 class AdminStore:
-    """Whole-queue statistics over a source of connections."""
+    """Whole-queue statistics and queue settings over a source of connections."""
 
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
 
     async def queue_stats(self, queue: str | None = None) -> dict[str, QueueStats]:
-        """{queue: its statistics}, for every queue holding jobs that are queued, running,
-        failed or lost; with `queue`, that queue only (all zeros if it holds none)."""
+        """{queue: its statistics}, by name, for every queue that holds jobs queued, running,
+        failed or lost, is paused, is served by a live process, or ended attempts in the last
+        hour; with `queue`, that queue only (all zeros if none of this applies)."""
         async with self._connections.connection() as conn:
             rows = await conn.fetch(*queries.QUEUE_STATS.bind(queue=queue))
+            settings = await _settings(conn)
+            served = await _served(conn)
+            throughput = await _throughput(conn, queue)
         stats = {row["queue"]: _queue_stats(row) for row in rows}
-        if queue is not None and queue not in stats:
-            stats[queue] = QueueStats(queue, 0, 0, 0, 0, 0, 0, None)
-        return stats
+        named = {q for q, s in settings.items() if s.paused} | served.keys() | throughput.keys()
+        for name in named if queue is None else {queue}:
+            stats.setdefault(name, QueueStats(name, 0, 0, 0, 0, 0, 0, None))
+        for name, found in stats.items():
+            setting = settings.get(name)
+            paused = setting is not None and setting.paused
+            workers, slots = served.get(name, (0, 0))
+            stats[name] = replace(
+                found,
+                paused=paused,
+                paused_by=setting.changed_by if paused and setting else None,
+                paused_at=setting.changed_at if paused and setting else None,
+                workers=workers,
+                slots=slots,
+                throughput=tuple(throughput.get(name) or throughput_of({})),
+            )
+        return dict(sorted(stats.items()))
+
+    async def pause(self, queue: str, actor: str) -> QueueSettings:
+        """Pause `queue` (a paused one stays as it is); its settings after."""
+        async with self._connections.connection() as conn:
+            row = await conn.fetchrow(*queries.PAUSE_QUEUE.bind(queue=queue, actor=actor))
+        assert row is not None  # the row was written, or it was there already
+        return _settings_of(row)
+
+    async def resume(self, queue: str, actor: str) -> QueueSettings:
+        """Resume `queue` and wake its workers (one not paused stays as it is)."""
+        async with self._connections.connection() as conn:
+            row = await conn.fetchrow(*queries.RESUME_QUEUE.bind(queue=queue, actor=actor))
+        return QueueSettings(queue, paused=False) if row is None else _settings_of(row)
+
+    async def queue_events(self, queue: str, after: int, limit: int | None) -> list[QueueEvent]:
+        """The queue's audit log after event `after`, oldest first, `limit` at most."""
+        async with self._connections.connection() as conn:
+            rows = await conn.fetch(
+                *queries.QUEUE_EVENTS.bind(queue=queue, after=after, limit=limit)
+            )
+        return [
+            QueueEvent(
+                r["event_id"], queue, r["ts"], r["kind"], r["actor"], json.loads(r["payload"])
+            )
+            for r in rows
+        ]
 
     async def queue_counts(self) -> dict[str, dict[str, int]]:
         """{queue: {status: count}} over the whole table."""
@@ -47,6 +102,34 @@ class AdminStore:
             "oldest_transaction": dict(oldest) if oldest is not None else None,
             "lock_key_collisions_last_hour": collisions,
         }
+
+
+async def _settings(conn: AnyConnection) -> dict[str, QueueSettings]:
+    return {r["queue"]: _settings_of(r) for r in await conn.fetch(queries.QUEUE_SETTINGS)}
+
+
+def _settings_of(row: Any) -> QueueSettings:
+    return QueueSettings(row["queue"], row["paused"], row["changed_at"], row["changed_by"])
+
+
+async def _served(conn: AnyConnection) -> dict[str, tuple[int, int]]:
+    """{queue: (live processes serving it, their slots for it)}."""
+    served: dict[str, tuple[int, int]] = {}
+    for row in await conn.fetch(queries.LIVE_WORKERS):
+        for queue, slots in json.loads(row["queues"]).items():
+            workers, total = served.get(queue, (0, 0))
+            served[queue] = (workers + 1, total + slots)
+    return served
+
+
+async def _throughput(conn: AnyConnection, queue: str | None) -> dict[str, list[Throughput]]:
+    """{queue: its throughput in each window} of the queues that ended attempts lately."""
+    counts: dict[str, dict[tuple[str, int], int]] = {}
+    for row in await conn.fetch(*queries.QUEUE_THROUGHPUT.bind(queue=queue)):
+        by_window = counts.setdefault(row["queue"], {})
+        for window in THROUGHPUT_WINDOWS_SEC:
+            by_window[row["kind"], window] = row[f"n_{window}"]
+    return {name: throughput_of(c) for name, c in counts.items()}
 
 
 def _queue_stats(row: Any) -> QueueStats:

@@ -7,6 +7,7 @@ within three of its own refresh periods.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -77,6 +78,19 @@ class PresenceStore:
                 task_specs=json.dumps(worker.task_specs, sort_keys=True),
                 period_sec=worker.period_sec,
                 prune_after_sec=PRUNE_AFTER_SEC,
+            )
+        )
+
+    async def add_throughput(self, ended: Mapping[tuple[str, str], int]) -> None:
+        """Add counts of ended attempts, {(queue, journal kind): n}, to the current bucket."""
+        if not ended:
+            return
+        keys = sorted(ended)  # the same order in every process: no deadlock between upserts
+        await self._db.execute(
+            *queries.ADD_THROUGHPUT.bind(
+                queues=[queue for queue, _ in keys],
+                kinds=[kind for _, kind in keys],
+                counts=[ended[key] for key in keys],
             )
         )
 

@@ -97,6 +97,7 @@ class ExpiredJob:
     """A running job whose lease expired, as the reaper read it."""
 
     job_id: uuid.UUID
+    queue: str
     claim_token: uuid.UUID | None
     facts: JobFacts
 
@@ -272,7 +273,7 @@ class WorkerProtocol:
     async def expired(self, limit: int) -> list[ExpiredJob]:
         """Running jobs whose lease expired, oldest first."""
         rows = await self.db.fetch(*queries.EXPIRED_JOBS.bind(limit=limit))
-        return [ExpiredJob(r["job_id"], r["claim_token"], facts_of(r)) for r in rows]
+        return [ExpiredJob(r["job_id"], r["queue"], r["claim_token"], facts_of(r)) for r in rows]
 
     async def reap(
         self, decided: Sequence[tuple[ExpiredJob, Transition]], reaper_id: str

@@ -27,7 +27,8 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 
 # --- producers ---------------------------------------------------------------------------------
 
-#: Insert one job unless its idempotency_key exists; journal `queued` in the same statement.
+#: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
+#: the same statement.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
 #: `delay_sec` (with no `available_at`) counts from the database's clock.
@@ -45,7 +46,9 @@ WITH ins AS (
     RETURNING job_id, queue, status, available_at
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
+    SELECT job_id, queue, 'queued',
+           jsonb_build_object('available_at', available_at, 'by', :actor::text)
+    FROM ins
 )
 SELECT job_id, status::text AS status FROM ins
 """)
@@ -53,8 +56,9 @@ SELECT job_id, status::text AS status FROM ins
 #: Insert many jobs in one statement (arrays, one element per job; `job_ids` chosen by the
 #: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped,
 #: and so are repeats of a key within the batch (its first occurrence is inserted); the
-#: inserted ids come back. Journals `queued` for each inserted job. `delay_sec` is read by
-#: position, and may be empty when no job has a delay (it then costs nothing per job).
+#: inserted ids come back. Journals `queued` for each inserted job (`actor` as `by`).
+#: `delay_sec` is read by position, and may be empty when no job has a delay (it then costs
+#: nothing per job).
 INSERT_JOBS: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
@@ -81,7 +85,9 @@ WITH ins AS (
     RETURNING job_id, queue, available_at
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
-    SELECT job_id, queue, 'queued', jsonb_build_object('available_at', available_at) FROM ins
+    SELECT job_id, queue, 'queued',
+           jsonb_build_object('available_at', available_at, 'by', :actor::text)
+    FROM ins
 )
 SELECT job_id FROM ins
 """)
@@ -294,6 +300,7 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched), at most one per lock_key
 #: hash, from the first `walk` jobs of the claim's order (`walk` ≥ `limit`) that are not parked
 #: (migration 0009): keys that collide under hashtext wait in claim order like jobs of one key.
+#: Nothing is claimed from a paused queue (`dl_queues`, migration 0013).
 #: Each claim increments `claim_seq` and takes a new `claim_token`, the fence of every later
 #: write: the md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's
 #: number in the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid()
@@ -310,6 +317,8 @@ WITH walked AS (
            j.available_at, j.available_at > now() AS not_due
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
+      -- a paused queue is claimed by nobody (one probe, tested once per claim)
+      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND p.paused))
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
@@ -686,7 +695,9 @@ WITH u AS (
     -- job ending (it may have been the one its key's parked jobs waited behind)
     SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked,
            u.expect_status = 'running' AND u.status::text <> 'running' AND w.queue = u.queue
-               AND u.job_id = ANY(:hand_off::uuid[]) AS handed_off
+               AND u.job_id = ANY(:hand_off::uuid[])
+               AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p  -- nor from a paused queue
+                                       WHERE p.queue = w.queue AND p.paused)) AS handed_off
     FROM upd u
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
@@ -762,7 +773,7 @@ FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 #: someone else holds (a task fencing its writes with FOR SHARE, another reaper) are skipped:
 #: however many of them head the list, the jobs behind them are reached.
 EXPIRED_JOBS: Final = Statement("""
-SELECT job_id, claim_token, status::text AS status, attempt, max_attempts, handbacks,
+SELECT job_id, queue, claim_token, status::text AS status, attempt, max_attempts, handbacks,
        cancel_requested, rerun_requested
 FROM dl_jobs
 WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
@@ -893,6 +904,77 @@ WHERE q.queue IS NOT NULL
               WHERE j.status = 'queued' AND j.queue = q.queue AND j.available_at <= now())
 ORDER BY q.queue
 """
+
+# --- queues: pause, resume, audit, throughput -------------------------------------------------
+
+#: Pause `queue` for `actor` (no claim of any replica takes its jobs any more), journaling it
+#: in the queue's audit log; a queue already paused is left as it is (nothing journaled). The
+#: queue's settings as they are after.
+PAUSE_QUEUE: Final = Statement("""
+WITH changed AS (
+    INSERT INTO dl_queues (queue, paused, changed_by) VALUES (:queue, true, :actor)
+    ON CONFLICT (queue) DO UPDATE SET paused = true, changed_at = now(), changed_by = :actor
+    WHERE NOT dl_queues.paused
+    RETURNING queue, paused, changed_at, changed_by
+), ev AS (
+    INSERT INTO dl_queue_events (queue, kind, actor) SELECT queue, 'paused', :actor FROM changed
+)
+SELECT queue, paused, changed_at, changed_by FROM changed
+UNION ALL
+SELECT queue, paused, changed_at, changed_by FROM dl_queues
+WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
+""")
+
+#: Resume a paused `queue` for `actor`, journaling it, and wake the workers serving it; a queue
+#: not paused is left as it is. The queue's settings as they are after (no row: the queue was
+#: never paused).
+RESUME_QUEUE: Final = Statement("""
+WITH changed AS (
+    UPDATE dl_queues SET paused = false, changed_at = now(), changed_by = :actor
+    WHERE queue = :queue AND paused
+    RETURNING queue, paused, changed_at, changed_by
+), ev AS (
+    INSERT INTO dl_queue_events (queue, kind, actor) SELECT queue, 'resumed', :actor FROM changed
+)
+SELECT queue, paused, changed_at, changed_by, pg_notify('dl_jobs', queue) IS NULL AS woken
+FROM changed
+UNION ALL
+SELECT queue, paused, changed_at, changed_by, false FROM dl_queues
+WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
+""")
+
+#: Every queue's settings (one row per queue an operator set something on), by name.
+QUEUE_SETTINGS: Final = """
+SELECT queue, paused, changed_at, changed_by FROM dl_queues ORDER BY queue
+"""
+
+#: A queue's audit log, oldest first: the entries after `:after` (an event_id), `:limit` at most.
+QUEUE_EVENTS: Final = Statement("""
+SELECT event_id, ts, kind, actor, payload::text AS payload FROM dl_queue_events
+WHERE queue = :queue AND event_id > :after
+ORDER BY event_id
+LIMIT :limit
+""")
+
+#: Add a process's counts of ended attempts (`queues`, `kinds`, `counts`: one element per
+#: queue and journal kind) to the current 10-second bucket (the pruner deletes old buckets).
+ADD_THROUGHPUT: Final = Statement("""
+INSERT INTO dl_queue_throughput AS t (queue, bucket, kind, n)
+SELECT c.queue, to_timestamp(floor(EXTRACT(EPOCH FROM now()) / 10) * 10), c.kind, c.n
+FROM unnest(:queues::text[], :kinds::text[], :counts::bigint[]) AS c(queue, kind, n)
+ON CONFLICT (queue, bucket, kind) DO UPDATE SET n = t.n + EXCLUDED.n
+""")
+
+#: Attempts ended per queue and journal kind within the last 60, 300 and 3600 seconds.
+QUEUE_THROUGHPUT: Final = Statement("""
+SELECT queue, kind,
+       COALESCE(sum(n) FILTER (WHERE bucket > now() - interval '60 seconds'), 0)::bigint AS n_60,
+       COALESCE(sum(n) FILTER (WHERE bucket > now() - interval '300 seconds'), 0)::bigint AS n_300,
+       sum(n)::bigint AS n_3600
+FROM dl_queue_throughput
+WHERE bucket > now() - interval '3600 seconds' AND (queue = :queue::text OR :queue::text IS NULL)
+GROUP BY queue, kind
+""")
 
 # --- migrations ----------------------------------------------------------------------------
 

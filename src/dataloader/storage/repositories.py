@@ -220,7 +220,9 @@ async def enqueue(
         for name in FILLED_OPTIONS:
             columns[name] = filled.fill(job, name)
     while True:
-        row = await conn.fetchrow(*queries.INSERT_JOB.bind(**columns, args=job.args_json))
+        row = await conn.fetchrow(
+            *queries.INSERT_JOB.bind(**columns, args=job.args_json, actor=actor)
+        )
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
         # A concurrent or earlier insert holds the key: it is committed by now (ON CONFLICT
@@ -254,7 +256,7 @@ async def enqueue_many(
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
-                *queries.INSERT_JOBS.bind(job_ids=ids, **_arrays(jobs, options))
+                *queries.INSERT_JOBS.bind(job_ids=ids, actor=actor, **_arrays(jobs, options))
             )
         }
         skipped = [j for j, i in zip(jobs, ids, strict=True) if i not in inserted]
@@ -328,9 +330,11 @@ async def _rerun(
 
 
 #: Fields of a job sent as they are, by INSERT_JOB's parameter names (args is sent as text).
-_SINGLE_COLUMNS: Final = tuple(n for n in queries.INSERT_JOB.names if n != "args")
+_SINGLE_COLUMNS: Final = tuple(n for n in queries.INSERT_JOB.names if n not in {"args", "actor"})
 #: Columns of INSERT_JOBS and JOBS_BY_IDEMPOTENCY (one array each).
-_COLUMNS: Final = tuple(n for n in queries.INSERT_JOBS.names if n not in {"job_ids", "args"})
+_COLUMNS: Final = tuple(
+    n for n in queries.INSERT_JOBS.names if n not in {"job_ids", "args", "actor"}
+)
 
 
 def _arrays(

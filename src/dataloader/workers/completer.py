@@ -328,6 +328,8 @@ class Completer:
         job, outcome = pending.running.job, pending.outcome
         self._forget(pending)
         self._rt.summary.count(job.queue, "no_longer_ours" if written is None else written.journal)
+        if written is not None:
+            self._rt.ended[job.queue, written.journal] += 1
         level, message, *args = _report(outcome, written)
         if not collision and not log.isEnabledFor(level):
             return  # binding the job's log context costs more than the rest of this

@@ -86,9 +86,13 @@ class WorkerManager:
             {queue: w.concurrency for queue, w in self.queues.items()},
             registry,
             settings.presence_period_sec,
+            self.runtime.ended,
         )
         self.reaper = Reaper(
-            self.runtime.protocol, settings.reaper_period_sec, self.runtime.worker_id
+            self.runtime.protocol,
+            settings.reaper_period_sec,
+            self.runtime.worker_id,
+            self.runtime.ended,
         )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -180,6 +184,10 @@ class WorkerManager:
                 )
         self.completer.close(hurry=self._hurry.is_set())
         await self.completer.wait_flushed()
+        try:  # what the last jobs ended as
+            await self.presence.flush_throughput()
+        except Exception as exc:
+            log.warning("could not write the last throughput counts: %r", exc)
         self._stop_all.set()
         await asyncio.wait(self._tasks, timeout=5)
         for task in self._tasks:

@@ -1,5 +1,7 @@
 """Presence: this process's row in `dl_workers` — the queues it serves and the tasks it knows —
-registered at start, refreshed every `DL_PRESENCE_PERIOD_SEC`, deleted on a clean stop.
+registered at start, refreshed every `DL_PRESENCE_PERIOD_SEC`, deleted on a clean stop. Each
+refresh also adds the attempts the process ended since the last one to its queues' throughput
+(`dl_queue_throughput`).
 
 Other processes read it to refuse triggers of tasks nobody runs (the API) and to warn of queues
 nobody serves (/status). It runs on the workers' own pool, so that pipelines holding every
@@ -12,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections import Counter
 from importlib.metadata import version
 from typing import Any
 
@@ -34,8 +37,10 @@ class Presence:
         queues: dict[str, int],
         registry: PipelineRegistry,
         period_sec: float,
+        ended: Counter[tuple[str, str]] | None = None,
     ) -> None:
         self._store = store
+        self._ended = ended if ended is not None else Counter()
         self._worker_id = worker_id
         self._queues = queues
         self._registry = registry
@@ -76,12 +81,24 @@ class Presence:
         while not await wait_any(stopping, timeout=jittered(self._period, 0.1)):
             try:
                 await self._store.upsert(self.info())
+                await self.flush_throughput()
             except Exception as exc:  # keep refreshing: the next one may get through
                 log.warning(
                     "presence refresh failed: %r",
                     exc,
                     exc_info=not isinstance(exc, CONNECTION_ERRORS),
                 )
+
+    async def flush_throughput(self) -> None:
+        """Write the attempts ended since the last flush; if that fails, they are kept for
+        the next one."""
+        ended = Counter(self._ended)
+        self._ended.clear()
+        try:
+            await self._store.add_throughput(ended)
+        except BaseException:
+            self._ended.update(ended)
+            raise
 
     async def deregister(self) -> None:
         """Delete the row (a clean stop); if that fails, the row goes stale on its own."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 from dataloader.core.transitions import on_expired
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -27,10 +28,18 @@ BATCH = 500
 class Reaper:
     """Periodic sweep of expired leases."""
 
-    def __init__(self, protocol: WorkerProtocol, period_sec: float, reaper_id: str) -> None:
+    def __init__(
+        self,
+        protocol: WorkerProtocol,
+        period_sec: float,
+        reaper_id: str,
+        ended: Counter[tuple[str, str]] | None = None,
+    ) -> None:
         self._protocol = protocol
         self._period = period_sec
         self._id = reaper_id
+        #: Where the attempts it ended are counted (the queues' throughput).
+        self._ended = ended if ended is not None else Counter()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Sweep at start, then every period (jittered) until `stopping` is set."""
@@ -63,6 +72,7 @@ class Reaper:
             for job, transition in decided:
                 if job.job_id in applied and applied[job.job_id].state == "written":
                     written += 1
+                    self._ended[job.queue, transition.journal] += 1
                     status = transition.status.value
                     totals[status] = totals.get(status, 0) + 1
                     log.warning("lease expired: job %s is now %s", job.job_id, status)

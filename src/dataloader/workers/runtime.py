@@ -8,6 +8,7 @@ import secrets
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -96,6 +97,9 @@ class WorkerRuntime:
     worker_id: str
     #: What the process's jobs ended as, per queue, logged every DL_LOG_SUMMARY_SEC.
     summary: Summary
+    #: Attempts ended since the last presence refresh wrote them (`dl_queue_throughput`),
+    #: by (queue, journal kind).
+    ended: Counter[tuple[str, str]] = field(default_factory=Counter)
     running: dict[uuid.UUID, RunningJob] = field(default_factory=dict)
     #: Set when a job starts whose lease needs beats more often than `beat_period`.
     job_started: asyncio.Event = field(default_factory=asyncio.Event)

@@ -34,10 +34,10 @@ def securities(openapi: dict[str, Any]) -> list[Any]:
 
 def test_security_is_declared_only_when_tokens_are_configured() -> None:
     open_schema = schema()
-    assert securities(open_schema) == [None] * 12
+    assert securities(open_schema) == [None] * 15
     assert "securitySchemes" not in open_schema["components"]
     secured = schema(api_tokens=TOKENS)
-    assert securities(secured).count([{"HTTPBearer": []}]) == 11  # all but /health
+    assert securities(secured).count([{"HTTPBearer": []}]) == 14  # all but /health
     assert secured["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 

@@ -1,27 +1,38 @@
-"""API v1 queue routes: what each queue holds now (the client's `stats`)."""
+"""API v1 queue routes: what each queue holds now (the client's `stats`); pause and resume,
+and the audit log that records who did them."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 from starlette.convertors import Convertor, register_url_convertor
 
-from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
-from dataloader.api.v1.schemas import Name, QueueListResponse, QueueStatsResponse
+from dataloader.api.v1.schemas import (
+    Name,
+    QueueEventResponse,
+    QueueEventsResponse,
+    QueueListResponse,
+    QueueSettingsResponse,
+    QueueStatsResponse,
+)
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import QueueStats
+from dataloader.core.queues import QueueSettings
 
 
 class _AnyText(Convertor[str]):
     """A path parameter that takes the rest of the path, whatever it holds: a queue's name may
     hold a slash (`etl/daily`), and one it may not hold (a line break) must reach the name's
-    check (422) rather than match no route (404, before the token is even checked)."""
+    check (422) rather than match no route (404, before the token is even checked). Except
+    the actions' suffixes: `GET …/etl/pause` is the pause action's path with the wrong method
+    (405), not a queue named `etl/pause` (such a queue is steered from the client or CLI)."""
 
-    regex = "(?s:.+)"
+    regex = "(?s:.+)(?<!/pause)(?<!/resume)"
 
     def convert(self, value: str) -> str:
         return value
@@ -35,9 +46,60 @@ register_url_convertor("dl_any_text", _AnyText())
 router = APIRouter(
     prefix="/api/v1/queues", tags=["queues"], responses=AUTH_ERRORS, route_class=AuthorizedRoute
 )
+#: The queues' audit log, apart: any path under /api/v1/queues/ may be a queue's name.
+audit_router = APIRouter(
+    prefix="/api/v1/queue-events",
+    tags=["queues"],
+    responses=AUTH_ERRORS,
+    route_class=AuthorizedRoute,
+)
 
 
 Queues = Annotated[Client, Depends(from_state("client"))]
+QueueName = Annotated[Name, Path(description="The queue's name.")]
+
+
+@router.post(
+    "/{queue:dl_any_text}/pause",
+    response_model=QueueSettingsResponse,
+    operation_id="pause_queue",
+    dependencies=[requires(Scope.admin)],
+)
+async def pause_queue(client: Queues, queue: QueueName, actor: Actor) -> QueueSettingsResponse:
+    """Pause a queue: from now on no worker of any replica claims its jobs; those running
+    finish, and triggers are still accepted. Persisted (a restart keeps it paused) and recorded
+    in the queue's audit log with the caller; pausing a paused queue changes nothing."""
+    return _settings(await client.acting_as(actor).pause(queue))
+
+
+@router.post(
+    "/{queue:dl_any_text}/resume",
+    response_model=QueueSettingsResponse,
+    operation_id="resume_queue",
+    dependencies=[requires(Scope.admin)],
+)
+async def resume_queue(client: Queues, queue: QueueName, actor: Actor) -> QueueSettingsResponse:
+    """Resume a paused queue: its workers are woken and claim again. Recorded in the audit
+    log; resuming a queue that is not paused changes nothing."""
+    return _settings(await client.acting_as(actor).resume(queue))
+
+
+@audit_router.get(
+    "",
+    response_model=QueueEventsResponse,
+    operation_id="list_queue_events",
+    dependencies=[requires(Scope.read)],
+)
+async def list_queue_events(
+    client: Queues,
+    queue: Annotated[Name, Query(description="The queue's name.")],
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="The last event_id seen.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Events at most.")] = 1000,
+) -> QueueEventsResponse:
+    """A queue's audit log, oldest first: who paused and resumed it, and when. Pass the last
+    `event_id` seen as `after` to read on."""
+    events = await client.queue_events(queue, after=after, limit=limit)
+    return QueueEventsResponse(events=[QueueEventResponse(**asdict(e)) for e in events])
 
 
 @router.get(
@@ -59,12 +121,16 @@ async def list_queues(client: Queues) -> QueueListResponse:
     operation_id="get_queue",
     dependencies=[requires(Scope.read)],
 )
-async def get_queue(
-    client: Queues, queue: Annotated[Name, Path(description="The queue's name.")]
-) -> QueueStatsResponse:
+async def get_queue(client: Queues, queue: QueueName) -> QueueStatsResponse:
     """What one queue holds now (all zeros for a queue that holds nothing)."""
     return _response((await client.stats(queue))[queue])
 
 
 def _response(stats: QueueStats) -> QueueStatsResponse:
-    return QueueStatsResponse(**asdict(stats), total=stats.total)
+    fields = asdict(stats)
+    fields["throughput"] = [{**asdict(t), "per_minute": t.per_minute} for t in stats.throughput]
+    return QueueStatsResponse(**fields, total=stats.total)
+
+
+def _settings(settings: QueueSettings) -> QueueSettingsResponse:
+    return QueueSettingsResponse(**asdict(settings))

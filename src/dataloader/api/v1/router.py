@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
     ErrorResponse,
@@ -46,10 +46,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     operation_id="trigger_job",
     dependencies=[requires(Scope.trigger)],
 )
-async def trigger(body: TriggerRequest, service: Service) -> TriggerResponse:
+async def trigger(body: TriggerRequest, service: Service, actor: Actor) -> TriggerResponse:
     """Enqueue a job. The same `idempotency_key` with the same fields returns the same job
-    (`created: false`); with other fields it is a 409 naming the job and the fields."""
-    return await service.trigger(body)
+    (`created: false`); with other fields it is a 409 naming the job and the fields. The
+    journal's `queued` entry names the caller (`by`: `token:<name>`, or `api`)."""
+    return await service.trigger(body, actor)
 
 
 @router.get(
@@ -103,10 +104,10 @@ async def events(
     operation_id="retry_job",
     dependencies=[requires(Scope.trigger)],
 )
-async def retry(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+async def retry(job_id: uuid.UUID, service: Service, actor: Actor) -> JobStatusResponse:
     """Send a failed, lost or canceled job back to the queue with a fresh budget of attempts;
-    it resumes from its checkpoint."""
-    return await service.retry(job_id)
+    it resumes from its checkpoint. The journal names the caller."""
+    return await service.retry(job_id, actor)
 
 
 @router.post(
@@ -116,6 +117,7 @@ async def retry(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     operation_id="cancel_job",
     dependencies=[requires(Scope.trigger)],
 )
-async def cancel(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
-    """Cancel: queued jobs never run; running ones stop at their next cancellation check."""
-    return await service.cancel(job_id)
+async def cancel(job_id: uuid.UUID, service: Service, actor: Actor) -> JobStatusResponse:
+    """Cancel: queued jobs never run; running ones stop at their next cancellation check.
+    The journal names the caller."""
+    return await service.cancel(job_id, actor)

@@ -206,8 +206,24 @@ class JobEventsResponse(BaseModel):
     events: list[JobEventResponse]
 
 
+class ThroughputResponse(BaseModel):
+    """The attempts a queue's workers ended within a window (the last 1, 5 or 60 minutes).
+    Processes add their counts every DL_PRESENCE_PERIOD_SEC: the latest show up that late."""
+
+    window_sec: int = Field(description="The window: 60, 300 or 3600 seconds.")
+    succeeded: int
+    failed: int
+    retried: int = Field(description="Attempts that failed and were queued again.")
+    canceled: int
+    lost: int
+    per_minute: float = Field(
+        description="Jobs ended (succeeded, failed, canceled or lost) per minute."
+    )
+
+
 class QueueStatsResponse(BaseModel):
-    """What a queue holds now (`GET /api/v1/queues/{queue}`, and each of `GET /api/v1/queues`)."""
+    """What a queue holds now (`GET /api/v1/queues/{queue}`, and each of `GET /api/v1/queues`),
+    whether it is paused, who serves it, and how fast its jobs ended lately."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -222,6 +238,22 @@ class QueueStatsResponse(BaseModel):
                     "failed": 3,
                     "lost": 0,
                     "oldest_ready_age_sec": 12.5,
+                    "paused": False,
+                    "paused_by": None,
+                    "paused_at": None,
+                    "workers": 2,
+                    "slots": 8,
+                    "throughput": [
+                        {
+                            "window_sec": 60,
+                            "succeeded": 1200,
+                            "failed": 1,
+                            "retried": 4,
+                            "canceled": 0,
+                            "lost": 0,
+                            "per_minute": 1201.0,
+                        }
+                    ],
                 }
             ]
         }
@@ -239,13 +271,48 @@ class QueueStatsResponse(BaseModel):
         description="Seconds since the longest-waiting due job (ready or waiting) became due;"
         " null when none is due."
     )
+    paused: bool = Field(description="No worker claims its jobs (running ones finish).")
+    paused_by: str | None = Field(description="Who paused it (`token:<name>`, `api`, `cli` …).")
+    paused_at: datetime | None
+    workers: int = Field(description="Live processes that serve it.")
+    slots: int = Field(description="Their slots for it (shared slots count for each queue).")
+    throughput: list[ThroughputResponse] = Field(
+        description="Attempts ended in the last 1, 5 and 60 minutes."
+    )
+
+
+class QueueSettingsResponse(BaseModel):
+    """Whether a queue is paused, and who changed that last (`pause_queue`, `resume_queue`)."""
+
+    queue: str
+    paused: bool
+    changed_at: datetime | None = Field(description="null: never paused.")
+    changed_by: str | None = Field(description="`token:<name>`, `api`, `cli` …")
+
+
+class QueueEventResponse(BaseModel):
+    """One entry of a queue's audit log."""
+
+    event_id: int = Field(description="Increasing: pass the last one seen as `after`.")
+    queue: str
+    ts: datetime
+    kind: str = Field(description="paused or resumed.")
+    actor: str = Field(description="Who: `token:<name>`, `api`, `cli`, or a library's client.")
+    payload: dict[str, Any]
+
+
+class QueueEventsResponse(BaseModel):
+    """A queue's audit log, oldest first."""
+
+    events: list[QueueEventResponse]
 
 
 class QueueListResponse(BaseModel):
     """`GET /api/v1/queues` output."""
 
     queues: list[QueueStatsResponse] = Field(
-        description="Every queue holding jobs that are queued, running, failed or lost, by name."
+        description="Every queue holding jobs that are queued, running, failed or lost, paused,"
+        " served by a live process, or with jobs ended in the last hour; by name."
     )
 
 

@@ -39,7 +39,7 @@ class JobsService:
         self._live_tasks = live_tasks
         self._contract = contract
 
-    async def trigger(self, request: TriggerRequest) -> TriggerResponse:
+    async def trigger(self, request: TriggerRequest, actor: str) -> TriggerResponse:
         """Idempotent enqueue, with the client's checks and defaults. A task no live process
         knows is refused (UnknownTask) unless DL_ALLOW_UNKNOWN_TASKS: a misspelt name would
         otherwise be retried for minutes before it failed."""
@@ -50,7 +50,7 @@ class JobsService:
             raise UnknownTask(request.task, known)
         if self._contract is not None:
             self._contract.check(request.task, request.queue, request.args)
-        result = await self._client.enqueue(
+        result = await self._client.acting_as(actor).enqueue(
             NewJob(
                 queue=request.queue,
                 task=request.task,
@@ -87,13 +87,13 @@ class JobsService:
             raise JobNotFound("job not found")
         return JobEventsResponse(events=[JobEventResponse(**asdict(e)) for e in events])
 
-    async def retry(self, job_id: uuid.UUID) -> JobStatusResponse:
+    async def retry(self, job_id: uuid.UUID, actor: str) -> JobStatusResponse:
         """A failed, lost or canceled job back to the queue (NotRetryable otherwise)."""
-        return _response(await self._client.retry(job_id))
+        return _response(await self._client.acting_as(actor).retry(job_id))
 
-    async def cancel(self, job_id: uuid.UUID) -> JobStatusResponse:
+    async def cancel(self, job_id: uuid.UUID, actor: str) -> JobStatusResponse:
         """Cancel (queued → canceled; running → cancel requested; finished → unchanged)."""
-        return _response(await self._client.cancel(job_id))
+        return _response(await self._client.acting_as(actor).cancel(job_id))
 
 
 def _response(state: JobState | None) -> JobStatusResponse:

@@ -1,0 +1,77 @@
+"""A queue as operators see and steer it: its settings (paused), its audit log, its
+throughput. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+#: The windows of a queue's throughput, in seconds: the last 1, 5 and 60 minutes.
+THROUGHPUT_WINDOWS_SEC: Final = (60, 300, 3600)
+
+#: What an ended attempt counts as in a queue's throughput, by the journal kind of its end
+#: (`core.transitions`); ends of other kinds (a backoff, a re-run) are not counted.
+THROUGHPUT_KINDS: Final = {
+    "done": "succeeded",
+    "failed": "failed",
+    "requeue": "retried",
+    "canceled": "canceled",
+    "lost": "lost",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """What an operator set on a queue, and who did it last."""
+
+    queue: str
+    paused: bool
+    changed_at: datetime | None = None
+    changed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """One entry of a queue's audit log: who did what, when."""
+
+    event_id: int
+    queue: str
+    ts: datetime
+    kind: str
+    actor: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """The attempts a queue's workers ended within the last `window_sec` seconds, by outcome.
+    Each process adds its counts at its presence refresh (`DL_PRESENCE_PERIOD_SEC`): the
+    latest attempts show up to one period late."""
+
+    window_sec: int
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    canceled: int = 0
+    lost: int = 0
+
+    @property
+    def per_minute(self) -> float:
+        """Jobs ended (succeeded, failed, canceled or lost) per minute over the window."""
+        ended = self.succeeded + self.failed + self.canceled + self.lost
+        return ended * 60 / self.window_sec
+
+
+def throughput_of(counts: Mapping[tuple[str, int], int]) -> list[Throughput]:
+    """A queue's throughput in each window, from {(journal kind, window_sec): attempts}."""
+    windows = []
+    for window in THROUGHPUT_WINDOWS_SEC:
+        by_outcome: dict[str, int] = {}
+        for (kind, seen_in), n in counts.items():
+            outcome = THROUGHPUT_KINDS.get(kind)
+            if outcome is not None and seen_in == window:
+                by_outcome[outcome] = by_outcome.get(outcome, 0) + n
+        windows.append(Throughput(window, **by_outcome))
+    return windows
