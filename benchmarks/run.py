@@ -41,7 +41,6 @@ from dataloader import (
     WorkerSpec,
     metrics,
 )
-from dataloader.storage import queries
 from dataloader.storage.embedded import get_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -891,6 +890,10 @@ async def _time_ms(call: Callable[[], Awaitable[Any]], times: int) -> float:
     return statistics.median(values)
 
 
+#: What per-queue statistics cost before they read index ranges: the whole table grouped.
+WHOLE_TABLE_COUNTS = "SELECT queue, status, count(*) FROM dl_jobs GROUP BY queue, status"
+
+
 @phase("queue_stats")
 async def queue_stats(b: Bench) -> dict[str, Any]:
     """Per-queue statistics beside 1,000,000 finished jobs: `Client.stats()` (10 queues of
@@ -917,7 +920,7 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
     try:
         async with Runner(b.settings(), run_workers=False) as dl:
             stats_ms = await _time_ms(dl.client.stats, 50)
-            counts_ms = await _time_ms(lambda: conn.fetch(queries.QUEUE_COUNTS), 50)
+            counts_ms = await _time_ms(lambda: conn.fetch(WHOLE_TABLE_COUNTS), 50)
     finally:
         await conn.close()
     return {

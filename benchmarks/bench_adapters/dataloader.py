@@ -71,9 +71,11 @@ async def drain(n: int, concurrency: int) -> None:
     async with Runner(_settings(concurrency), registry) as dl:
         await dl.run_until_empty()
     async with Runner(_settings(), run_workers=False) as dl:
-        counts = (await dl.context.admin.queue_counts()).get(QUEUE, {})
-    if handled < n or counts.get("succeeded") != n:
-        raise RuntimeError(f"drain incomplete: handled={handled} counts={counts} n={n}")
+        succeeded = await dl.context.pool.fetchval(
+            "SELECT count(*) FROM dl_jobs WHERE queue = $1 AND status = 'succeeded'", QUEUE
+        )
+    if handled < n or succeeded != n:
+        raise RuntimeError(f"drain incomplete: handled={handled} succeeded={succeeded} n={n}")
 
 
 async def latency(samples: int, interval_s: float, concurrency: int = 10) -> list[float]:

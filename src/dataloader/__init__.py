@@ -19,6 +19,7 @@ from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
 from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats
+from dataloader.core.queues import QueueEvent, QueueSettings, Throughput
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
     ConfigError,
@@ -73,6 +74,8 @@ __all__ = [
     "NonRetryableError",
     "NotRetryable",
     "PipelineRegistry",
+    "QueueEvent",
+    "QueueSettings",
     "QueueStats",
     "Retry",
     "RetryPolicy",
@@ -81,6 +84,7 @@ __all__ = [
     "Task",
     "TaskRegistry",
     "TaskTimeout",
+    "Throughput",
     "WorkerSpec",
     "pipeline",
     "registry",

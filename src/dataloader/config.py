@@ -27,7 +27,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from dataloader.core.limits import BATCH_SIZE_MAX, check_name
+from dataloader.core.cron import check_schedule, check_timezone
+from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_name
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
@@ -74,6 +75,36 @@ class WorkerSpec(BaseModel):
     def shared(self) -> bool:
         """Whether its slots are shared by several queues (`queues`)."""
         return self.queues is not None
+
+
+class CronSpec(BaseModel):
+    """One entry of `DL_CRON`: enqueue `task` on `queue` at each slot of `schedule` (a cron
+    expression read in `timezone`), once per slot across every replica. A slot missed while
+    no process led (all down) is skipped, or with `catch_up` enqueued late (the latest 100)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: QueueName
+    schedule: Annotated[str, AfterValidator(check_schedule)]
+    task: QueueName
+    queue: QueueName
+    args: dict[str, Any] = Field(default_factory=dict)
+    #: Jobs of one schedule share a lock_key by default: a slow run delays the next, never
+    #: overlaps it.
+    lock_key: Annotated[str, AfterValidator(check_key)] | None = None
+    timezone: str = "UTC"
+    catch_up: bool = False
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        check_timezone(value)
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_args(value)
 
 
 class Scope(IntEnum):
@@ -260,6 +291,49 @@ class Settings(BaseSettings):
         description="How often a process refreshes its row of live workers (dl_workers); it"
         " counts as live while refreshed within three periods.",
     )
+    cron: Annotated[list[CronSpec], NoDecode] = Field(
+        default_factory=list,
+        description='Periodic tasks, e.g. [{"name":"nightly","schedule":"0 3 * * *",'
+        '"task":"etl.nightly","queue":"etl"}] (also `@task(cron=…)`); enqueued once per slot'
+        " by the process that leads maintenance.",
+    )
+    leader_lease_sec: float = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="Lease of the process that runs maintenance (reaper, pruner, cron); it"
+        " renews it every third of this, and another takes over this long after it died.",
+    )
+    prune_period_sec: float = Field(
+        default=60, gt=0, le=86_400, description="How often finished jobs are pruned."
+    )
+    prune_batch_size: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Rows deleted per statement (each a short transaction of its own).",
+    )
+    prune_succeeded_after_sec: float = Field(
+        default=7 * 86_400,
+        ge=0,
+        description="Succeeded jobs (and their journals) are deleted this long after they"
+        " ended; 0: kept forever.",
+    )
+    prune_canceled_after_sec: float = Field(
+        default=7 * 86_400, ge=0, description="The same for canceled jobs."
+    )
+    prune_failed_after_sec: float = Field(
+        default=30 * 86_400, ge=0, description="The same for failed jobs."
+    )
+    prune_lost_after_sec: float = Field(
+        default=30 * 86_400, ge=0, description="The same for lost jobs."
+    )
+    prune_heartbeats_after_sec: float = Field(
+        default=86_400,
+        ge=0,
+        description="Heartbeat entries of the journal are deleted after this, whatever their"
+        " job's state (a long job writes many); 0: kept with their job.",
+    )
     allow_unknown_tasks: bool = Field(
         default=False,
         description="Accept triggers of tasks no live process knows (a rolling deploy whose"
@@ -294,6 +368,19 @@ class Settings(BaseSettings):
             _ = urlsplit(value).port  # asyncpg would fail on it later, with a traceback
         except ValueError:
             raise ValueError("the port must be a number from 0 to 65535") from None
+        return value
+
+    @field_validator("cron", mode="before")
+    @classmethod
+    def _parse_cron(cls, value: Any) -> Any:
+        example = '[{"name": "nightly", "schedule": "0 3 * * *", "task": "t", "queue": "q"}]'
+        return _json_list(value, example)
+
+    @field_validator("cron")
+    @classmethod
+    def _distinct_cron(cls, value: list[CronSpec]) -> list[CronSpec]:
+        if len({c.name for c in value}) < len(value):
+            raise ValueError("two schedules have the same name")
         return value
 
     @field_validator("workers", mode="before")

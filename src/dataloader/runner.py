@@ -126,7 +126,8 @@ class Runner:
             self._manager.hurry()
 
     async def run_until_empty(self) -> None:
-        """Return once every served queue has no ready job and nothing running."""
+        """Return once every served queue has nothing it may claim (no ready job, or the
+        queue is paused) and nothing running."""
         if self._manager is None:
             raise RuntimeError("run_until_empty needs the workers (run_workers=True)")
         await self._manager.wait_idle()

@@ -38,6 +38,7 @@ TEST_DEFAULTS: dict[str, Any] = {
     "heartbeat_sec": 0.2,
     "default_lease_ttl_sec": 5,
     "reaper_period_sec": 0.2,
+    "leader_lease_sec": 1,
     "claim_backoff_sec": 0.3,
     "retry_base_sec": 0,
     "poll_interval_sec": 300,

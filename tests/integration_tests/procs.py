@@ -27,6 +27,7 @@ from .helpers import JobsApi
 FAST_TIMINGS: dict[str, str] = {
     "DL_HEARTBEAT_SEC": "0.2",
     "DL_REAPER_PERIOD_SEC": "0.2",
+    "DL_LEADER_LEASE_SEC": "1",
     "DL_DEFAULT_LEASE_TTL_SEC": "2",
     "DL_RETRY_BASE_SEC": "0",
     "DL_POLL_INTERVAL_SEC": "1",

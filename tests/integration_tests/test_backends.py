@@ -65,7 +65,7 @@ class Postgres:
         self.client = client
         self.protocol = protocol
         self.conn = conn
-        self.reaper = Reaper(protocol, 60, "suite-reaper")
+        self.reaper = Reaper(protocol, "suite-reaper")
 
     async def enqueue(self, task: str, args: dict[str, Any] | None = None, **options: Any) -> Any:
         return await self.client.enqueue(task, args, **options)

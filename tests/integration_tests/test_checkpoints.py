@@ -113,7 +113,7 @@ async def test_a_rescued_attempt_resumes_and_the_stale_claim_cannot_checkpoint(
         "UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second' WHERE job_id = $1",
         job.job_id,
     )
-    assert await Reaper(protocol, 60, "test-reaper").run_once() == {"queued": 1}
+    assert await Reaper(protocol, "test-reaper").run_once() == {"queued": 1}
     (requeued,) = await event_payloads(conn, str(job.job_id), "requeue")
     assert requeued["reason"] == "lease expired"
 

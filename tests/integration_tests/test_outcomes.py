@@ -254,7 +254,7 @@ async def test_a_claim_by_an_earlier_version_clears_the_token_of_the_claim_befor
     job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
     (zombie,) = await protocol.claim("q", 1, WORKER)
     await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
-    assert await Reaper(protocol, 60, "reaper").run_once() == {"queued": 1}
+    assert await Reaper(protocol, "reaper").run_once() == {"queued": 1}
     # the earlier version's claim: no claim_token in its SET list
     await conn.execute(
         "UPDATE dl_jobs SET status = 'running', attempt = attempt + 1,"

@@ -161,7 +161,7 @@ async def test_the_reaper_puts_back_jobs_parked_behind_a_key_nobody_holds(
         "UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = ANY($1::uuid[])",
         [held[1], *stranded],
     )
-    reaper = Reaper(protocol, 60, "test-reaper")
+    reaper = Reaper(protocol, "test-reaper")
 
     assert await reaper.put_back_stranded() == 1
     assert [await parked(conn, j) for j in stranded] == [None, "lock_key"]  # the first only

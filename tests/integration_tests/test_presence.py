@@ -180,6 +180,10 @@ async def test_status_warns_of_a_queue_with_ready_jobs_and_no_live_worker(
     assert body["live_workers"] == []
 
     await add_worker(conn, "other", {"orphan": 3}, ["etl.load"], seen_ago_sec=1)
+    await conn.execute(  # which leads maintenance (else /status warns that nobody does)
+        "INSERT INTO dl_leases (name, holder, expires_at)"
+        " VALUES ('maintenance', 'other', now() + interval '1 hour')"
+    )
     body = (await api.client.get(STATUS_URL)).json()
     assert body["warnings"] == []
     (live,) = body["live_workers"]

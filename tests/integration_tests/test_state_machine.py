@@ -248,7 +248,7 @@ class JobStateMachine(RuleBasedStateMachine):
                 claim.job_id,
             )
         )
-        reaped = self.run(Reaper(self.protocol, 60, "state-machine-reaper").run_once())
+        reaped = self.run(Reaper(self.protocol, "state-machine-reaper").run_once())
         if row.status == "running":
             outcome = ended(row, row.attempt < row.max_attempts, otherwise="lost")
             assert reaped == {outcome: 1}
@@ -322,7 +322,7 @@ async def test_a_stale_claim_cannot_touch_the_attempt_that_replaced_it(
         job = await repo.enqueue(NewJob(queue="q", task="t", lock_key="k", args={}))
         (first,) = await protocol.claim("q", 1, WORKER)
         await conn.execute("UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second'")
-        assert await Reaper(protocol, 60, "reaper").run_once() == {"queued": 1}
+        assert await Reaper(protocol, "reaper").run_once() == {"queued": 1}
         (second,) = await protocol.claim("q", 1, WORKER)
         assert await finish_claimed(protocol, first, Outcome(Ended.SUCCEEDED), WORKER) is None
         state = await repo.get(job.job_id)

@@ -527,7 +527,7 @@ async def test_an_attempt_that_is_lost_keeps_no_result_of_the_run_before(
             "UPDATE dl_jobs SET lease_expires_at = now() - interval '1 second' WHERE job_id = $1",
             job.job_id,
         )
-        assert await Reaper(protocol, 60, "test-reaper").run_once() == {"lost": 1}
+        assert await Reaper(protocol, "test-reaper").run_once() == {"lost": 1}
     else:
         no_refund = Outcome(Ended.HANDED_BACK, "the lock connection was lost", refund=False)
         assert await finish_claimed(protocol, second, no_refund, "w")

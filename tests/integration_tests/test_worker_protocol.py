@@ -166,7 +166,7 @@ async def test_reaper_pass_handles_many_expired_leases_once_each(
     )
     service = await start_service(run_workers=False)
     protocol = WorkerProtocol(service.context.pool)
-    reapers = [Reaper(protocol, 60, f"reaper-{i}") for i in range(3)]
+    reapers = [Reaper(protocol, f"reaper-{i}") for i in range(3)]
     results = await asyncio.gather(*(r.run_once() for r in reapers))
     assert sum(r.get("queued", 0) for r in results) == 1200
     requeues = await count(conn, "SELECT count(*) FROM dl_job_events WHERE kind = 'requeue'")
@@ -196,7 +196,7 @@ async def test_a_reaper_pass_reaches_expired_jobs_behind_rows_held_elsewhere(
     try:
         async with holder.transaction():  # the two oldest leases, held as a task's fence holds
             await holder.execute("SELECT 1 FROM dl_jobs WHERE lock_key IN ('k1', 'k2') FOR SHARE")
-            reaped = await Reaper(WorkerProtocol(service.context.pool), 60, "r").run_once()
+            reaped = await Reaper(WorkerProtocol(service.context.pool), "r").run_once()
     finally:
         await holder.close()
     assert reaped == {"queued": 1}

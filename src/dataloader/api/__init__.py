@@ -27,6 +27,7 @@ from dataloader.contract import ContractGuard, load_contract_file
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
 from dataloader.storage.connections import GuardedPool
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.presence import PresenceStore
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
@@ -56,9 +57,11 @@ def create_app(
             _running(requests),
         ):
             app.state.app_context = runner.context
-            presence = PresenceStore(GuardedPool(runner.context.pool, settings.db_timeout_sec))
+            guarded = GuardedPool(runner.context.pool, settings.db_timeout_sec)
+            presence = PresenceStore(guarded)
             live_tasks.store = presence
             app.state.presence = presence
+            app.state.maintenance = MaintenanceStore(guarded)
             app.state.jobs_service = JobsService(runner.client, settings, live_tasks, contract)
             app.state.manager = runner.manager
             app.state.client = runner.client

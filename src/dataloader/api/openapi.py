@@ -5,7 +5,9 @@ plus what it cannot derive from the routes alone.
   and a schema that said otherwise would send clients (and generated ones) looking for a token
   that does not exist.
 * `args` is any JSON object whose strings (keys and values) hold no NUL: jsonb cannot store
-  one. The schema is recursive (`JsonValue`).
+  one. The schema is recursive through objects (`JsonValue`, `JsonObject`); arrays directly
+  inside arrays are spelt out to `NESTED_ARRAYS` levels, since client generators refuse an
+  array that holds itself.
 * Links from the trigger's `job_id` to the job's status and cancel, so that a client (or a
   stateful test) knows where the id goes.
 * With the unknown-task check on (`DL_ALLOW_UNKNOWN_TASKS` false), the trigger's `task` is an
@@ -25,7 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
 from dataloader.api.live import LiveTasks
-from dataloader.core.limits import NO_NUL_PATTERN, check_name
+from dataloader.core.limits import ARGS_MAX_ARRAY_NESTING, NO_NUL_PATTERN, check_name
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 TRIGGER_PATH = "/api/v1/jobs/trigger"
@@ -35,17 +37,26 @@ JOB_PATHS = {
     "CancelJob": ("/api/v1/jobs/{job_id}/cancel", "post"),
 }
 
+#: Generators of clients (openapi-python-client) refuse an array whose items refer back to
+#: it, so arrays of arrays are written out level by level, as deep as `args` may hold them.
+NESTED_ARRAYS = ARGS_MAX_ARRAY_NESTING
+_SCALARS_AND_OBJECT: list[dict[str, Any]] = [
+    {"type": "null"},
+    {"type": "boolean"},
+    {"type": "number"},
+    {"type": "string", "pattern": NO_NUL_PATTERN},
+    {"$ref": "#/components/schemas/JsonObject"},
+]
+
+
+def _json_array(depth: int) -> dict[str, Any]:
+    """An array of JSON values, holding arrays down to `depth` more levels."""
+    items = [*_SCALARS_AND_OBJECT, *([_json_array(depth - 1)] if depth > 1 else [])]
+    return {"type": "array", "items": {"anyOf": items}}
+
+
 #: Any JSON value whose strings hold no NUL.
-JSON_VALUE: dict[str, Any] = {
-    "anyOf": [
-        {"type": "null"},
-        {"type": "boolean"},
-        {"type": "number"},
-        {"type": "string", "pattern": NO_NUL_PATTERN},
-        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
-        {"$ref": "#/components/schemas/JsonObject"},
-    ]
-}
+JSON_VALUE: dict[str, Any] = {"anyOf": [*_SCALARS_AND_OBJECT, _json_array(NESTED_ARRAYS)]}
 JSON_OBJECT: dict[str, Any] = {
     "type": "object",
     "propertyNames": {"pattern": NO_NUL_PATTERN},

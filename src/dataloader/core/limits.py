@@ -49,6 +49,10 @@ LEASE_TTL_MIN, LEASE_TTL_MAX = 1, INT32_MAX
 BATCH_SIZE_MAX: Final = 1000
 #: Deepest nesting accepted in `args` (PostgreSQL's jsonb accepts more; nobody needs it).
 ARGS_MAX_DEPTH: Final = 64
+#: Arrays held directly by arrays in `args`, at most (an object between them starts the count
+#: again): a JSON Schema can only spell arrays of arrays out level by level for client
+#: generators (see `api.openapi`). GeoJSON's deepest coordinates need 4.
+ARGS_MAX_ARRAY_NESTING: Final = 6
 
 #: JSON Schema spelling of "no NUL character" (the surrogate rule cannot be spelt in one).
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
@@ -148,7 +152,8 @@ def check_instant(value: object) -> datetime:
 
 def args_json(args: object) -> str:
     """`args` as the JSON text stored in jsonb, if jsonb can store it: an object, no NUL in any
-    string, no NaN/Infinity, at most ARGS_MAX_DEPTH levels deep."""
+    string, no NaN/Infinity, at most ARGS_MAX_DEPTH levels deep, arrays directly in arrays at
+    most ARGS_MAX_ARRAY_NESTING levels deep."""
     if not isinstance(args, dict):
         raise ValueError(f"must be a JSON object (a dict), not {type(args).__name__}")
     try:
@@ -162,8 +167,16 @@ def args_json(args: object) -> str:
     if not text.isascii() and _SURROGATE.search(text):
         raise ValueError("must not contain unpaired surrogates (\\ud800-\\udfff)")
     # Only text with enough brackets can be that deep: the walk is skipped for everyday args.
-    if text.count("{") + text.count("[") > ARGS_MAX_DEPTH and _depth(args) > ARGS_MAX_DEPTH:
-        raise ValueError(f"nested deeper than {ARGS_MAX_DEPTH} levels")
+    arrays = text.count("[")
+    if arrays > ARGS_MAX_ARRAY_NESTING or text.count("{") + arrays > ARGS_MAX_DEPTH:
+        depth, array_run = _depth(args)
+        if depth > ARGS_MAX_DEPTH:
+            raise ValueError(f"nested deeper than {ARGS_MAX_DEPTH} levels")
+        if array_run > ARGS_MAX_ARRAY_NESTING:
+            raise ValueError(
+                f"holds arrays in arrays more than {ARGS_MAX_ARRAY_NESTING} levels deep"
+                " (put an object between them)"
+            )
     return text
 
 
@@ -174,24 +187,28 @@ def check_args(args: object) -> dict[str, Any]:
     return args
 
 
-def _depth(value: object) -> int:
-    """Nesting depth of containers in `value` (a scalar is 0), iteratively: a Python
-    recursion would give up on what the limit is there to refuse."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
+def _depth(value: object) -> tuple[int, int]:
+    """Nesting depth of containers in `value` (a scalar is 0), and the longest run of arrays
+    directly in arrays; iteratively: a Python recursion would give up on what the limits are
+    there to refuse."""
+    deepest = longest_run = 0
+    stack: list[tuple[object, int, int]] = [(value, 0, 0)]
     while stack:
-        item, depth = stack.pop()
+        item, depth, run = stack.pop()
         if isinstance(item, dict):
             children: list[object] = list(item.values())
+            run = 0
         elif isinstance(item, list):
             children = item
+            run += 1
         else:
             continue
         deepest = max(deepest, depth + 1)
+        longest_run = max(longest_run, run)
         if deepest > ARGS_MAX_DEPTH:
             break
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+        stack.extend((child, depth + 1, run) for child in children)
+    return deepest, longest_run
 
 
 #: The check of each `NewJob` field that has one (None is "not given" for the optional ones).

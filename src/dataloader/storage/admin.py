@@ -1,6 +1,5 @@
 """What operators read of the queue as a whole and set on its queues: per-queue statistics,
-pause and resume with their audit log, counts per queue and status, the table's health, recent
-lock_key collisions."""
+pause and resume with their audit log, the table's health, recent lock_key collisions."""
 
 from __future__ import annotations
 
@@ -80,15 +79,6 @@ class AdminStore:
             )
             for r in rows
         ]
-
-    async def queue_counts(self) -> dict[str, dict[str, int]]:
-        """{queue: {status: count}} over the whole table."""
-        counts: dict[str, dict[str, int]] = {}
-        async with self._connections.connection() as conn:
-            rows = await conn.fetch(queries.QUEUE_COUNTS)
-        for row in rows:
-            counts.setdefault(row["queue"], {})[row["status"]] = row["n"]
-        return counts
 
     async def maintenance(self) -> dict[str, Any]:
         """The queue table's dead rows, the oldest transaction that may keep vacuum from

@@ -202,11 +202,6 @@ LIMIT :limit
 #: Whether the database was ever migrated by dataloader (see APPLIED_MIGRATIONS).
 MIGRATIONS_TABLE_PRESENT: Final = "SELECT to_regclass('dl_schema_migrations') IS NOT NULL"
 
-#: Job counts per queue and status (for /status).
-QUEUE_COUNTS: Final = """
-SELECT queue, status::text AS status, count(*) AS n FROM dl_jobs GROUP BY queue, status
-"""
-
 #: Per-queue statistics (one row per queue holding jobs that are queued, running, failed or
 #: lost; only `:queue` when given). Every count reads an index range of the jobs in that state
 #: (the spec's `ix_dl_jobs_status_queue` past the finished ones, the parked indexes), and the
@@ -974,6 +969,112 @@ SELECT queue, kind,
 FROM dl_queue_throughput
 WHERE bucket > now() - interval '3600 seconds' AND (queue = :queue::text OR :queue::text IS NULL)
 GROUP BY queue, kind
+""")
+
+# --- maintenance: leases, runs, pruning ----------------------------------------------------
+
+#: Take or renew the lease `name` for `holder` until `ttl_sec` from now: renewed if `holder`
+#: has it, taken if nobody has or its holder let it expire. Returns the lease (holder, since
+#: when, until when) if `holder` has it now; no row if another process does.
+ACQUIRE_LEASE: Final = Statement("""
+INSERT INTO dl_leases AS l (name, holder, expires_at)
+VALUES (:name, :holder, now() + make_interval(secs => :ttl_sec::float8))
+ON CONFLICT (name) DO UPDATE
+SET holder = EXCLUDED.holder,
+    acquired_at = CASE WHEN l.holder = EXCLUDED.holder THEN l.acquired_at ELSE now() END,
+    renewed_at = now(),
+    expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at < now()
+RETURNING holder, acquired_at, expires_at
+""")
+
+#: Give up the lease `name` if `holder` has it (a clean stop: the next process takes it at once).
+RELEASE_LEASE: Final = Statement("""
+DELETE FROM dl_leases WHERE name = :name AND holder = :holder
+""")
+
+#: Every lease, with whether it is still valid by the database's clock.
+LEASES: Final = """
+SELECT name, holder, acquired_at, renewed_at, expires_at, expires_at > now() AS valid
+FROM dl_leases ORDER BY name
+"""
+
+#: Record a run of the maintenance task `task` by `holder` that ended now after `duration_sec`
+#: (`ok`, or failed with `error`; `detail` as JSON text).
+RECORD_MAINTENANCE_RUN: Final = Statement("""
+INSERT INTO dl_maintenance_runs AS r (task, holder, started_at, ok, error, detail)
+VALUES (:task, :holder, now() - make_interval(secs => :duration_sec::float8), :ok, :error,
+        :detail::text::jsonb)
+ON CONFLICT (task) DO UPDATE
+SET holder = EXCLUDED.holder, started_at = EXCLUDED.started_at, finished_at = now(),
+    ok = EXCLUDED.ok, error = EXCLUDED.error, detail = EXCLUDED.detail, runs = r.runs + 1
+""")
+
+#: The last run of each maintenance task.
+MAINTENANCE_RUNS: Final = """
+SELECT task, holder, started_at, finished_at, ok, error, detail::text AS detail, runs,
+       EXTRACT(EPOCH FROM now() - finished_at)::float8 AS ago_sec
+FROM dl_maintenance_runs ORDER BY task
+"""
+
+#: Delete up to `limit` jobs that ended `status` more than `after_sec` ago, the oldest first,
+#: with their journals (the foreign key cascades); rows someone holds are left for a later
+#: batch. Returns how many were deleted.
+PRUNE_JOBS: Final = Statement("""
+WITH doomed AS (
+    SELECT job_id FROM dl_jobs
+    WHERE status = :status::dl_status AND finished_at IS NOT NULL
+      AND finished_at < now() - make_interval(secs => :after_sec::float8)
+    ORDER BY finished_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM dl_jobs j USING doomed d WHERE j.job_id = d.job_id RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+#: Delete up to `limit` heartbeat entries of the journal older than `after_sec`, the oldest
+#: first. Returns how many were deleted.
+PRUNE_HEARTBEATS: Final = Statement("""
+WITH gone AS (
+    DELETE FROM dl_job_events WHERE event_id IN (
+        SELECT event_id FROM dl_job_events
+        WHERE kind = 'heartbeat' AND ts < now() - make_interval(secs => :after_sec::float8)
+        ORDER BY ts
+        LIMIT :limit)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+#: Delete throughput buckets older than `after_sec` (a day's are read at most), `limit` at most.
+PRUNE_THROUGHPUT: Final = Statement("""
+WITH gone AS (
+    DELETE FROM dl_queue_throughput WHERE (queue, bucket, kind) IN (
+        SELECT queue, bucket, kind FROM dl_queue_throughput
+        WHERE bucket < now() - make_interval(secs => :after_sec::float8)
+        LIMIT :limit)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+#: The database's clock (every time dataloader decides on comes from it).
+DB_NOW: Final = "SELECT now()"
+
+#: Every periodic task's schedule as last written, with the last slot enqueued for it.
+CRON_STATE: Final = """
+SELECT name, schedule, task, queue, last_slot, updated_at FROM dl_cron ORDER BY name
+"""
+
+#: Record schedule `name` as declared now, and the last slot enqueued for it (`last_slot`).
+SET_CRON: Final = Statement("""
+INSERT INTO dl_cron AS c (name, schedule, task, queue, last_slot)
+VALUES (:name, :schedule, :task, :queue, :last_slot)
+ON CONFLICT (name) DO UPDATE
+SET schedule = EXCLUDED.schedule, task = EXCLUDED.task, queue = EXCLUDED.queue,
+    last_slot = EXCLUDED.last_slot, updated_at = now()
 """)
 
 # --- migrations ----------------------------------------------------------------------------

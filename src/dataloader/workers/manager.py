@@ -1,5 +1,6 @@
-"""WorkerManager: starts this process's queue workers, listener, heartbeat and reaper from
-`WORKERS_JSON`, and stops them gracefully (spec §2, §9)."""
+"""WorkerManager: starts this process's queue workers, listener, heartbeat, presence and its
+bid for maintenance (reaper, pruner, cron) from `WORKERS_JSON`, and stops them gracefully
+(spec §2, §9)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dataloader import metrics
+from dataloader.exceptions import ConfigError
 from dataloader.logger.summary import job_summary
+from dataloader.maintenance.cron import MAX_SLEEP_SEC, CronScheduler, schedules
+from dataloader.maintenance.leader import Leadership
+from dataloader.maintenance.pruner import Pruner, Retention
+from dataloader.maintenance.runner import Maintenance, Periodic
 from dataloader.storage import db
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
@@ -88,11 +95,9 @@ class WorkerManager:
             settings.presence_period_sec,
             self.runtime.ended,
         )
-        self.reaper = Reaper(
-            self.runtime.protocol,
-            settings.reaper_period_sec,
-            self.runtime.worker_id,
-            self.runtime.ended,
+        self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
+        self.maintenance = _maintenance(
+            settings, app, registry, self.runtime.protocol, self.reaper, self.runtime.worker_id
         )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -126,7 +131,7 @@ class WorkerManager:
         self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
         self._spawn("summary", self.runtime.summary.run(self._stop_all))
         self._claiming_tasks = [
-            self._spawn("reaper", self.reaper.run(self._stop_claiming)),
+            self._spawn("maintenance", self.maintenance.run(self._stop_claiming)),
             self._spawn("presence", self.presence.run(self._stop_claiming)),
             *(
                 self._spawn(f"queue:{','.join(_served(worker))}", worker.run(self._stop_claiming))
@@ -259,6 +264,40 @@ class WorkerManager:
         exc = task.exception()
         if exc is not None:
             log.critical("background task %s died", task.get_name(), exc_info=exc)
+
+
+def _maintenance(
+    settings: Settings,
+    app: AppContext,
+    registry: PipelineRegistry,
+    protocol: WorkerProtocol,
+    reaper: Reaper,
+    holder: str,
+) -> Maintenance:
+    """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
+    store = MaintenanceStore(protocol.db)
+    retention = Retention(
+        succeeded_sec=settings.prune_succeeded_after_sec,
+        canceled_sec=settings.prune_canceled_after_sec,
+        failed_sec=settings.prune_failed_after_sec,
+        lost_sec=settings.prune_lost_after_sec,
+        heartbeats_sec=settings.prune_heartbeats_after_sec,
+    )
+    pruner = Pruner(store, retention, settings.prune_batch_size)
+    try:
+        specs = schedules(settings.cron, registry)
+    except ValueError as exc:
+        raise ConfigError(f"DL_CRON: {exc}") from None
+    cron = CronScheduler(store, app.client, specs)
+    return Maintenance(
+        Leadership(store, holder, settings.leader_lease_sec),
+        store,
+        [
+            Periodic("reaper", reaper.sweep, settings.reaper_period_sec),
+            Periodic("pruner", pruner.prune, settings.prune_period_sec),
+            Periodic("cron", cron.tick, MAX_SLEEP_SEC, cron.next_in_sec),
+        ],
+    )
 
 
 def _served(worker: QueueWorker | SharedSlots) -> list[str]:

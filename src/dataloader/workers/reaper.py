@@ -15,9 +15,7 @@ import logging
 from collections import Counter
 
 from dataloader.core.transitions import on_expired
-from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import WorkerProtocol
-from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
 
@@ -26,32 +24,25 @@ BATCH = 500
 
 
 class Reaper:
-    """Periodic sweep of expired leases."""
+    """Sweeps of expired leases."""
 
     def __init__(
         self,
         protocol: WorkerProtocol,
-        period_sec: float,
         reaper_id: str,
         ended: Counter[tuple[str, str]] | None = None,
     ) -> None:
         self._protocol = protocol
-        self._period = period_sec
         self._id = reaper_id
         #: Where the attempts it ended are counted (the queues' throughput).
         self._ended = ended if ended is not None else Counter()
 
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Sweep at start, then every period (jittered) until `stopping` is set."""
-        while not stopping.is_set():
-            try:
-                await self.run_once()
-                await self.put_back_stranded()
-            except Exception as exc:  # keep sweeping: the next pass may get through
-                log.warning(
-                    "reaper pass failed: %r", exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
-                )
-            await wait_any(stopping, timeout=jittered(self._period))
+    async def sweep(self, stopping: asyncio.Event | None = None) -> dict[str, int]:
+        """One pass (run by the process that leads maintenance, every DL_REAPER_PERIOD_SEC):
+        expired leases, then stranded parked jobs; {new status or `put_back`: jobs}."""
+        swept = await self.run_once()
+        swept["put_back"] = await self.put_back_stranded()
+        return swept
 
     async def put_back_stranded(self) -> int:
         """Put back jobs parked behind a lock_key no job holds any more (only a change made by

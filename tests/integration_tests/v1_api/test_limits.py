@@ -147,6 +147,31 @@ def test_the_library_refuses_args_nested_too_deep() -> None:
         job(args={"a": deep})
 
 
+def test_arrays_in_arrays_are_refused_past_their_nesting_limit() -> None:
+    """The OpenAPI schema spells arrays of arrays out level by level (client generators refuse
+    a recursive array), and the service holds to what it spells."""
+    nested: Any = 1
+    for _ in range(limits.ARGS_MAX_ARRAY_NESTING):
+        nested = [0, nested]
+    job(args={"a": nested, "b": [{"c": nested}]})  # an object between them starts again
+    with pytest.raises(InvalidJob, match=r"^args: holds arrays in arrays more than 6 levels"):
+        job(args={"a": [nested]})
+    assert job(args={"text": "[" * 20}).args == {"text": "[" * 20}
+
+
+async def test_the_api_refuses_arrays_nested_past_the_schema(start_service: StartService) -> None:
+    service = await start_service(run_workers=False)
+    nested: Any = [None]
+    for _ in range(limits.ARGS_MAX_ARRAY_NESTING):
+        nested = [nested]
+    body = {"queue": "q", "task": "demo.noop", "lock_key": "k", "args": {"a": nested}}
+    response = await service.client.post("/api/v1/jobs/trigger", json=body)
+    assert response.status_code == 422
+    assert "arrays in arrays" in response.text
+    body["args"] = {"a": nested[0]}
+    assert (await service.client.post("/api/v1/jobs/trigger", json=body)).status_code == 200
+
+
 def test_an_escaped_backslash_before_u0000_is_not_a_nul() -> None:
     assert job(args={"path": "C:\\u0000"}).args_json == '{"path": "C:\\\\u0000"}'
 

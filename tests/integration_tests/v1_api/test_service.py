@@ -426,7 +426,13 @@ async def test_status_reports_database_counts_and_workers(start_service: StartSe
     assert body["database"] == "ok"
     assert body["status"] == "ok"
     assert body["version"] == package_version()
-    assert body["queues"] == {"q.one": {"queued": 2}, "q.two": {"queued": 1, "canceled": 1}}
+    counts = {"queued": 0, "running": 0, "failed": 0, "lost": 0, "paused": False}
+    assert body["queues"] == {
+        "q.one": counts | {"queued": 2},
+        "q.two": counts | {"queued": 1},  # finished jobs are history: not counted here
+        "served.a": counts,  # served by a live process
+        "served.b": counts,
+    }
     slots = sorted((w["queue"], w["concurrency"]) for w in body["workers"])
     assert slots == [("served.a", 2), ("served.b", 1)]
 

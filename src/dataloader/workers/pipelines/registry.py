@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from dataloader.core import limits
+from dataloader.core.cron import check_schedule
 from dataloader.core.retry import RetryPolicy, RetrySpec, as_policy, seconds
 from dataloader.exceptions import InvalidJobArgs
 
@@ -65,6 +66,8 @@ class Task:
     #: Jobs one call of the handler takes (1: `handler(ctx)` per job; more: `handler(batch)`
     #: with up to this many, see `workers.batches`).
     batch_size: int = 1
+    #: A cron schedule: the task is enqueued (empty args) on its queue at each slot.
+    cron: str | None = None
 
     @property
     def batched(self) -> bool:
@@ -116,11 +119,13 @@ class TaskRegistry:
         timeout: float | timedelta | None = None,
         non_retryable: tuple[type[BaseException], ...] = (),
         batch_size: int | None = None,
+        cron: str | None = None,
     ) -> Callable[[H], H]:
         """Decorator registering an `async def handler(ctx)` as task `name`; the function is
         returned unchanged. With `batch_size`, the handler is `async def handler(batch)` and
-        takes up to that many jobs per call (`dataloader.Batch`). Bad options raise at once
-        (ValueError, TypeError)."""
+        takes up to that many jobs per call (`dataloader.Batch`). With `cron` (a cron
+        expression, UTC), a job of it with empty args is enqueued on its queue at each slot
+        (`DL_CRON` gives more options). Bad options raise at once (ValueError, TypeError)."""
         defined = Task(
             name=_checked("task name", limits.check_name, name),
             handler=_unset,
@@ -141,10 +146,18 @@ class TaskRegistry:
             batch_size=1
             if batch_size is None
             else _checked("batch_size", limits.check_batch_size, batch_size),
+            cron=None if cron is None else _checked("cron", check_schedule, cron),
         )
         if defined.batched and defined.queue is None:
             # its queue's workers claim batch_size jobs at once: they must know the queue
             raise ValueError(f"task {name!r}: a batch_size needs the task's queue (queue=…)")
+        if defined.cron is not None:
+            if defined.queue is None:
+                raise ValueError(f"task {name!r}: a cron schedule needs the task's queue")
+            try:
+                defined.check_args({})  # its jobs have empty args
+            except InvalidJobArgs as exc:
+                raise ValueError(f"task {name!r}: its cron jobs have empty args: {exc}") from None
 
         def decorate(handler: H) -> H:
             if not inspect.iscoroutinefunction(handler):

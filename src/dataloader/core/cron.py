@@ -1,0 +1,67 @@
+"""Periodic tasks: which time slots of a cron schedule are due. No I/O.
+
+A schedule is a cron expression of 5 fields (minute hour day month weekday), or 6 with
+seconds last (`*/10 * * * * 30`: every 10 minutes at second 30), or a nickname (`@hourly`,
+`@daily` …), read in a time zone (UTC by default). Each slot is enqueued once, whoever leads
+(see `maintenance.cron`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+#: Missed slots enqueued at most when a schedule catches up (the latest ones).
+MAX_CATCH_UP: Final = 100
+
+
+def check_schedule(expression: object) -> str:
+    """`expression` if it is a cron expression croniter reads; ValueError otherwise."""
+    if not isinstance(expression, str) or not croniter.is_valid(expression.strip()):
+        raise ValueError(
+            f"{expression!r} is not a cron schedule (e.g. '*/5 * * * *', '0 3 * * *',"
+            " '@hourly', or 6 fields with seconds last)"
+        )
+    return expression.strip()
+
+
+def check_timezone(name: object) -> ZoneInfo:
+    """The IANA time zone `name` (`Europe/Moscow`); ValueError if there is none."""
+    if not isinstance(name, str):
+        raise ValueError(f"a time zone is a name like 'Europe/Moscow', not {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r}") from None
+
+
+def next_slot(schedule: str, zone: ZoneInfo, after: datetime) -> datetime:
+    """The schedule's first slot strictly after `after`."""
+    slot: datetime = croniter(schedule, after.astimezone(zone)).get_next(datetime)
+    return slot
+
+
+def due_slots(
+    schedule: str, zone: ZoneInfo, last: datetime, now: datetime, *, catch_up: bool
+) -> list[datetime]:
+    """The slots after `last` up to `now` (included), oldest first: all of them with
+    `catch_up` (the latest MAX_CATCH_UP), else the latest one only (missed ones are
+    skipped). Walks back from `now`: a long outage costs no more than MAX_CATCH_UP steps."""
+    # from just after `now`, the previous slot may be `now` itself
+    walk = croniter(schedule, (now + timedelta(microseconds=1)).astimezone(zone))
+    slots: list[datetime] = []
+    while len(slots) < (MAX_CATCH_UP if catch_up else 1):
+        slot: datetime = walk.get_prev(datetime)
+        if slot <= last:
+            break
+        slots.append(slot)
+    return slots[::-1]
+
+
+def idempotency_key(name: str, slot: datetime) -> str:
+    """The key of the job of schedule `name` for `slot`: one job per slot, however many
+    processes enqueue it."""
+    return f"cron:{name}:{slot.isoformat()}"

@@ -1,0 +1,80 @@
+"""The pruner: deletes jobs that ended long ago (per status, `DL_PRUNE_*_AFTER_SEC`) with their
+journals, heartbeat entries of the journal past their age, and old throughput buckets.
+
+Each statement deletes one small batch (`DL_PRUNE_BATCH_SIZE`) in a transaction of its own,
+oldest first from an index of finished jobs, skipping rows someone holds: it never holds a
+lock for long, never reads unfinished jobs, and leaves the table for vacuum to reuse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Final
+
+from dataloader.base import JobStatus
+from dataloader.storage.maintenance import MaintenanceStore
+
+#: Throughput buckets are read over the last hour; a day of them is kept.
+THROUGHPUT_KEPT_SEC: Final = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long finished jobs of each status, and heartbeat entries, are kept (0: forever)."""
+
+    succeeded_sec: float
+    canceled_sec: float
+    failed_sec: float
+    lost_sec: float
+    heartbeats_sec: float
+
+    def by_status(self) -> dict[JobStatus, float]:
+        """{status: seconds kept} of the statuses that are pruned at all."""
+        ages = {
+            JobStatus.SUCCEEDED: self.succeeded_sec,
+            JobStatus.CANCELED: self.canceled_sec,
+            JobStatus.FAILED: self.failed_sec,
+            JobStatus.LOST: self.lost_sec,
+        }
+        return {status: age for status, age in ages.items() if age > 0}
+
+
+class Pruner:
+    """Deletes, in batches, what `retention` says is past keeping."""
+
+    def __init__(self, store: MaintenanceStore, retention: Retention, batch_size: int) -> None:
+        self._store = store
+        self._retention = retention
+        self._batch = batch_size
+
+    async def prune(self, stopping: asyncio.Event | None = None) -> dict[str, int]:
+        """Delete everything past its age, batch after batch, until none is left or
+        `stopping` is set; {what: rows deleted} (job statuses, `heartbeats`, `throughput`)."""
+        deleted: dict[str, int] = {}
+        for status, age in self._retention.by_status().items():
+            deleted[status.value] = await self._drain(
+                partial(self._store.prune_jobs, status, age, self._batch), stopping
+            )
+        if self._retention.heartbeats_sec > 0:
+            deleted["heartbeats"] = await self._drain(
+                partial(self._store.prune_heartbeats, self._retention.heartbeats_sec, self._batch),
+                stopping,
+            )
+        deleted["throughput"] = await self._drain(
+            partial(self._store.prune_throughput, THROUGHPUT_KEPT_SEC, self._batch), stopping
+        )
+        return deleted
+
+    async def _drain(
+        self, batch: Callable[[], Awaitable[int]], stopping: asyncio.Event | None
+    ) -> int:
+        """Run `batch` until it deletes less than a full batch (or `stopping`); the total."""
+        total = 0
+        while stopping is None or not stopping.is_set():
+            n = await batch()
+            total += n
+            if n < self._batch:
+                break
+        return total

@@ -1,0 +1,138 @@
+"""Which slots of a cron schedule are due, and how schedules are declared."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from pydantic import BaseModel
+
+from dataloader.config import CronSpec, Settings, load_settings
+from dataloader.core.cron import (
+    MAX_CATCH_UP,
+    check_schedule,
+    check_timezone,
+    due_slots,
+    idempotency_key,
+    next_slot,
+)
+from dataloader.exceptions import ConfigError
+from dataloader.maintenance.cron import schedules
+from dataloader.workers.pipelines.registry import TaskRegistry
+
+UTC_ZONE = ZoneInfo("UTC")
+
+
+def at(hour: int, minute: int, second: int = 0, day: int = 1) -> datetime:
+    return datetime(2026, 3, day, hour, minute, second, tzinfo=UTC)
+
+
+def test_the_latest_due_slot_only_unless_catching_up() -> None:
+    every_5_min = "*/5 * * * *"
+    last, now = at(10, 0), at(10, 17, 30)
+    assert due_slots(every_5_min, UTC_ZONE, last, now, catch_up=False) == [at(10, 15)]
+    assert due_slots(every_5_min, UTC_ZONE, last, now, catch_up=True) == [
+        at(10, 5),
+        at(10, 10),
+        at(10, 15),
+    ]
+
+
+def test_a_slot_at_now_is_due_and_the_last_one_is_not_again() -> None:
+    assert due_slots("*/5 * * * *", UTC_ZONE, at(10, 0), at(10, 5), catch_up=True) == [at(10, 5)]
+    assert due_slots("*/5 * * * *", UTC_ZONE, at(10, 5), at(10, 9, 59), catch_up=True) == []
+
+
+def test_seconds_come_last_in_six_fields() -> None:
+    slots = due_slots("* * * * * */10", UTC_ZONE, at(10, 0), at(10, 0, 35), catch_up=True)
+    assert slots == [at(10, 0, 10), at(10, 0, 20), at(10, 0, 30)]
+
+
+def test_catching_up_a_long_outage_is_bounded() -> None:
+    last, now = at(0, 0), at(0, 0) + timedelta(days=30)
+    slots = due_slots("* * * * * *", UTC_ZONE, last, now, catch_up=True)
+    assert len(slots) == MAX_CATCH_UP
+    assert slots[-1] == now
+    assert slots[0] == now - timedelta(seconds=MAX_CATCH_UP - 1)
+
+
+def test_a_time_zone_moves_the_slots() -> None:
+    moscow = check_timezone("Europe/Moscow")  # UTC+3
+    assert next_slot("0 3 * * *", moscow, at(0, 0)) == at(0, 0, day=2)
+    assert next_slot("0 3 * * *", UTC_ZONE, at(0, 0)) == at(3, 0)
+
+
+@pytest.mark.parametrize("bad", ["61 * * * *", "every minute", "", "* * *", 5, None])
+def test_bad_schedules_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="is not a cron schedule"):
+        check_schedule(bad)
+
+
+def test_unknown_time_zones_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown time zone"):
+        check_timezone("Mars/Olympus")
+
+
+def test_the_key_names_the_schedule_and_the_slot() -> None:
+    assert idempotency_key("nightly", at(3, 0)) == "cron:nightly:2026-03-01T03:00:00+00:00"
+
+
+def test_dl_cron_is_read_and_checked() -> None:
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        cron='[{"name": "n", "schedule": "@hourly", "task": "t", "queue": "q", "args": {"a": 1}}]',
+    )
+    assert settings.cron == [
+        CronSpec(name="n", schedule="@hourly", task="t", queue="q", args={"a": 1})
+    ]
+    bad = [
+        ('[{"name": "n", "schedule": "nope", "task": "t", "queue": "q"}]', "not a cron"),
+        ('[{"name": "n", "schedule": "@daily", "task": "t"}]', "queue"),
+        ('[{"name": "n", "schedule": "@daily", "task": "t", "queue": "q", "x": 1}]', "x"),
+        (
+            '[{"name": "n", "schedule": "@daily", "task": "t", "queue": "q", "timezone": "X/Y"}]',
+            "unknown time zone",
+        ),
+        (
+            '[{"name": "n", "schedule": "@daily", "task": "t", "queue": "q"},'
+            ' {"name": "n", "schedule": "@hourly", "task": "t", "queue": "q"}]',
+            "same name",
+        ),
+        ("{", "not valid JSON"),
+    ]
+    for value, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            load_settings(_env_file=None, cron=value)
+
+
+def test_tasks_declare_their_own_schedule() -> None:
+    registry = TaskRegistry()
+
+    @registry.task("etl.hourly", queue="etl", cron="@hourly")
+    async def hourly(ctx: Any) -> None: ...
+
+    declared = [CronSpec(name="other", schedule="@daily", task="t", queue="q")]
+    found = schedules(declared, registry)
+    assert [(s.name, s.schedule, s.task, s.queue) for s in found] == [
+        ("other", "@daily", "t", "q"),
+        ("etl.hourly", "@hourly", "etl.hourly", "etl"),
+    ]
+    twice = [CronSpec(name="etl.hourly", schedule="@daily", task="t", queue="q")]
+    with pytest.raises(ValueError, match="declared in DL_CRON and on its task"):
+        schedules(twice, registry)
+
+
+def test_a_task_schedule_needs_a_queue_a_valid_expression_and_args_that_may_be_empty() -> None:
+    registry = TaskRegistry()
+
+    class Needs(BaseModel):
+        day: str
+
+    with pytest.raises(ValueError, match="needs the task's queue"):
+        registry.task("a", cron="@hourly")
+    with pytest.raises(ValueError, match="not a cron schedule"):
+        registry.task("b", queue="q", cron="sometimes")
+    with pytest.raises(ValueError, match="empty args"):
+        registry.task("c", queue="q", args=Needs, cron="@hourly")
