@@ -18,7 +18,7 @@ own program with `dataloader.Runner`. docs/reference.md lists the public API.
 from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
-from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats
+from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats, Stage
 from dataloader.core.queues import QueueEvent, QueueSettings, Throughput
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
@@ -81,6 +81,7 @@ __all__ = [
     "RetryPolicy",
     "Runner",
     "Settings",
+    "Stage",
     "Task",
     "TaskRegistry",
     "TaskTimeout",

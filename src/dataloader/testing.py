@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from dataloader.base import JobStatus
 from dataloader.config import Settings
 from dataloader.core import limits
-from dataloader.core.models import EnqueueResult, JobState, QueueStats
+from dataloader.core.models import EnqueueResult, JobState, QueueStats, Stage
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import (
     Ended,
@@ -49,6 +49,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import Task, TaskRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 from dataloader.workers.runtime import RunningJob
+from dataloader.workers.stages import stages_of
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
@@ -71,6 +72,9 @@ class TaskRun:
     #: Every checkpoint the task saved, in order (as JSON read back).
     checkpoints: list[Any] = field(default_factory=list)
     duration_ms: int = 0
+    #: The next stages its success enqueues (the task's `then=`, then `ctx.then`'s), in order;
+    #: none when it did not succeed.
+    stages: list[Stage] = field(default_factory=list)
 
 
 class _Row:
@@ -141,6 +145,8 @@ async def run_task(
     await asyncio.wait([pipeline])
     run.duration_ms = round((time.monotonic() - started) * 1000)
     outcome = outcome_of(running, found, run.duration_ms, settings.max_result_bytes)
+    if outcome.ended is Ended.SUCCEEDED:
+        run.stages = stages_of(found, running.state.stages, outcome.result)
     return _decided(run, outcome, job, found, settings)
 
 

@@ -540,3 +540,28 @@ def test_rerun_of_a_queued_job_updates_its_args() -> None:
     assert r == Request("updated", args_json='{"v": 2}')
     assert not r.rerun
     assert not r.cancel
+
+
+# --- stages ------------------------------------------------------------------------------------
+
+
+def test_a_success_journals_the_stages_it_enqueues() -> None:
+    t = decide(Outcome(Ended.SUCCEEDED, stages=("etl.transform", "etl.report")), running())
+    assert t.status is JobStatus.SUCCEEDED
+    assert t.detail == {"then": ["etl.transform", "etl.report"]}
+    assert decide(SUCCESS, running()).detail == {}
+
+
+def test_a_job_that_ends_failed_or_canceled_names_the_stages_it_stopped_before() -> None:
+    last = decide(failure(stages=("etl.transform",)), running(attempt=3, max_attempts=3))
+    assert last.status is JobStatus.FAILED
+    assert last.detail["stopped_before"] == ["etl.transform"]
+    canceled = decide(failure(stages=("etl.transform",)), running(cancel=True))
+    assert canceled.status is JobStatus.CANCELED
+    assert canceled.detail == {"stopped_before": ["etl.transform"]}
+
+
+def test_a_failure_that_is_retried_stops_no_chain_yet() -> None:
+    t = decide(failure(stages=("etl.transform",)), running(attempt=1, max_attempts=3))
+    assert t.status is JobStatus.QUEUED
+    assert "stopped_before" not in t.detail

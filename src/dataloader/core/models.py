@@ -234,6 +234,29 @@ class JobFilter:
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """A job to enqueue when the running one succeeds, in the same transaction as its success
+    (`ctx.then`, a task's `then=`): nothing of it is written if the job fails."""
+
+    task: str
+    args: dict[str, Any] = field(default_factory=dict)
+    #: None: the running job's lock_key (the stages of one entity run one after another).
+    lock_key: str | None = None
+    #: None: the stage task's own queue, else the running job's.
+    queue: str | None = None
+    priority: int | None = None
+    #: Wait this long after the success before it may start.
+    delay: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        for name, check in (("task", limits.check_name), ("args", limits.check_args)):
+            try:
+                check(getattr(self, name))
+            except ValueError as exc:
+                raise InvalidJob(name, str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStats:
     """What one queue holds now. The jobs in it are `ready` (due, claimable), `waiting` (due,
     behind a running job of their lock_key), `delayed` (not due yet) or `running`; `failed`

@@ -99,6 +99,9 @@ class Outcome:
     result: str | None = None
     #: How long the task ran (None when it never started).
     duration_ms: int | None = None
+    #: The tasks of the next stages: enqueued with a success (journaled `then`); named as
+    #: `stopped_before` when the job ends failed or canceled.
+    stages: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -156,20 +159,33 @@ def after_attempt(
     ended = outcome.ended
     ran = {} if ended is Ended.BACKED_OFF else _attempt_columns(outcome)
     if ended is Ended.SUCCEEDED:
+        then = {"then": list(outcome.stages)} if outcome.stages else {}
         return _rerun_or(
             job,
-            Transition(JobStatus.SUCCEEDED, "done", job.attempt, job.handbacks, error=None, **ran),
+            Transition(
+                JobStatus.SUCCEEDED,
+                "done",
+                job.attempt,
+                job.handbacks,
+                error=None,
+                detail=then,
+                **ran,
+            ),
         )
     if ended is Ended.BACKED_OFF:
         return _backed_off(outcome, job)
-    if job.cancel_requested:  # a failure, a hand-back or a cancel: the cancel request wins
-        return Transition(JobStatus.CANCELED, "canceled", job.attempt, job.handbacks, **ran)
-    if ended is Ended.CANCELED:  # cancelled with no request: only a worker bug gets here
-        return Transition(JobStatus.CANCELED, "canceled", job.attempt, job.handbacks, **ran)
-    if ended is Ended.HANDED_BACK:
+    if ended is Ended.HANDED_BACK and not job.cancel_requested:
         return _handed_back(outcome, job)
-    # not `retry` itself: a policy that misbehaved would be asked again and misbehave again
-    return _failed(outcome, job, retry, fallback if fallback is not None else Linear(), ran)
+    if job.cancel_requested or ended is Ended.CANCELED:
+        # a failure, a hand-back or a cancel: the cancel request wins (with no request, only
+        # a worker bug gets here)
+        transition = Transition(JobStatus.CANCELED, "canceled", job.attempt, job.handbacks, **ran)
+    else:
+        # not `retry` itself: a policy that misbehaved would be asked again and misbehave
+        transition = _failed(outcome, job, retry, fallback or Linear(), ran)
+    if outcome.stages and transition.finished:  # the chain stops here, visibly
+        transition.detail = {**transition.detail, "stopped_before": list(outcome.stages)}
+    return transition
 
 
 def on_expired(job: JobFacts) -> Transition:

@@ -8,19 +8,22 @@ decided in `dataloader.core.transitions` and written by `storage.transitions`.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core.models import NewJob
 from dataloader.core.transitions import JobFacts, Transition
 from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Connection, Pool
+from dataloader.storage.repositories import enqueue_many
 from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
 
 #: The most jobs of one running lock_key parked with those a claim walked past, per statement
@@ -231,18 +234,35 @@ class WorkerProtocol:
         outcomes: Sequence[tuple[ClaimedJob, JobFacts, Transition]],
         worker_id: str,
         hand_off: Sequence[uuid.UUID] = (),
+        stages: Mapping[uuid.UUID, Sequence[NewJob]] | None = None,
     ) -> dict[uuid.UUID, Applied]:
         """Write the decided outcomes of claimed jobs (facts: what each was decided on). The
         next job of a lock_key freed by a job named in `hand_off` is claimed for `worker_id`
-        when it is of the same queue: `handed_job` reads it from the finished job's answer."""
-        return await apply_transitions(
-            self.db.fetch,
-            [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes],
+        when it is of the same queue: `handed_job` reads it from the finished job's answer.
+        `stages`: the jobs to enqueue with the success of each job named, in the same
+        transaction, if that success is written."""
+        items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
+        write = functools.partial(
+            apply_transitions,
+            items=items,
             actor_role="worker",
             actor=worker_id,
             wakes_own_queue=True,
             hand_off=hand_off,
         )
+        if not stages:
+            return await write(self.db.fetch)
+        async with self.db.connection() as conn, conn.transaction():
+            applied = await write(conn.fetch)
+            written = [
+                job
+                for job_id, jobs in stages.items()
+                if job_id in applied and applied[job_id].state == "written"
+                for job in jobs
+            ]
+            if written:
+                await enqueue_many(conn, written, actor=worker_id)
+        return applied
 
     @staticmethod
     def handed_job(applied: Applied) -> ClaimedJob | None:

@@ -25,6 +25,7 @@ from dataloader import metrics
 from dataloader.core import limits
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.exceptions import (
+    InvalidJob,
     InvalidJobArgs,
     JobCanceled,
     JobLost,
@@ -42,6 +43,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
+from dataloader.workers.stages import stage_jobs, stages_of
 from dataloader.workers.waiting import wait_any
 
 if TYPE_CHECKING:
@@ -229,7 +231,27 @@ class Slots:
         running.attach(task)
         await asyncio.wait([task])
         duration_ms = round((time.monotonic() - started) * 1000)
-        return outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
+        outcome = outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
+        return self._with_stages(running, found, outcome)
+
+    def _with_stages(self, running: RunningJob, task: Task, outcome: Outcome) -> Outcome:
+        """The outcome with the next stages it enqueues (a success: `running.stages`) or
+        stops before (a failure). A stage that cannot be enqueued (args its task refuses)
+        fails the job: retrying would make the same stage."""
+        stages = stages_of(task, running.state.stages, outcome.result)
+        if not stages:
+            return outcome
+        names = tuple(stage.task for stage in stages)
+        if outcome.ended is not Ended.SUCCEEDED:
+            return replace(outcome, stages=names)
+        try:
+            running.stages = stage_jobs(running.job, stages, self._rt.app.client)
+        except (InvalidJob, InvalidJobArgs) as exc:
+            why = f"next stage: {exc}"
+            return Outcome(
+                Ended.FAILED, why, retryable=False, duration_ms=outcome.duration_ms, stages=names
+            )
+        return replace(outcome, stages=names)
 
     async def _execute_batch(self, unit: list[RunningJob], task: Task) -> None:
         """Run a batched task's jobs in one call of its handler; each settlement is queued for

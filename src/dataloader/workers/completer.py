@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from dataloader.base import JobStatus
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
 from dataloader.logger import log_context
@@ -263,6 +264,11 @@ class Completer:
                 [(p.running.job, p.facts, t) for p, t in decided],
                 self._rt.worker_id,
                 hand_off=[p.running.job.job_id for p in kept],
+                stages={
+                    p.running.job.job_id: p.running.stages
+                    for p, t in decided
+                    if p.running.stages and t.status is JobStatus.SUCCEEDED
+                },
             )
         finally:
             for p in kept:  # no await from here until the handed jobs have slots of their own

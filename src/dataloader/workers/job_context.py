@@ -9,9 +9,13 @@ import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sized
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from pydantic import BaseModel
+
 from dataloader.core import limits
+from dataloader.core.models import Stage
 from dataloader.exceptions import JobCanceled, JobLost
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
@@ -36,6 +40,8 @@ class RunState:
     def __init__(self) -> None:
         self.cancel_requested = False
         self.lost_reason: str | None = None
+        #: The next stages the run asked for (`JobContext.then`), enqueued with its success.
+        self.stages: list[Stage] = []
 
 
 class ProcessAccess:
@@ -144,6 +150,33 @@ class JobContext(ProcessAccess, Generic[ArgsT]):
             raise JobLost(self._state.lost_reason)
         if self._state.cancel_requested:
             raise JobCanceled("cancel requested")
+
+    def then(
+        self,
+        task: str,
+        args: dict[str, Any] | BaseModel | None = None,
+        *,
+        lock_key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: timedelta | None = None,
+    ) -> None:
+        """Enqueue a job of `task` with `args` once this one succeeds, in the same transaction
+        as the success: if this attempt fails or is cancelled, nothing of it is written (a
+        retry asks again), and a job that ends failed names the stages it stopped before in
+        its journal (`stopped_before`). Its lock_key is this job's unless given; its queue the
+        stage task's own, else this job's. Call it any number of times: the stages are
+        enqueued in order. InvalidJob at once for args that are not a JSON object."""
+        if isinstance(args, BaseModel):
+            args = args.model_dump(mode="json")
+        self._state.stages.append(
+            Stage(task, args or {}, lock_key=lock_key, queue=queue, priority=priority, delay=delay)
+        )
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The next stages asked for so far (`then`)."""
+        return list(self._state.stages)
 
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
         """Replace the job's `progress` (any JSON object); also learns of a cancel request."""

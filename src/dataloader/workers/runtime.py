@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dataloader.core.models import NewJob
 from dataloader.logger.summary import Summary
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.job_context import RunState
@@ -52,6 +53,8 @@ class RunningJob:
     last_journaled: float = float("-inf")  # the first heartbeat of a run is journaled
     #: When (monotonic) the lease was last extended: the claim, then each heartbeat.
     lease_extended_at: float = field(default_factory=time.monotonic)
+    #: The jobs its success enqueues, in the transaction of the success (`workers.stages`).
+    stages: tuple[NewJob, ...] = ()
 
     def attach(self, task: asyncio.Task[object]) -> None:
         """The pipeline's task; stopped at once if the job was lost or handed back already."""

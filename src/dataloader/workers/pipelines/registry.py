@@ -68,6 +68,9 @@ class Task:
     batch_size: int = 1
     #: A cron schedule: the task is enqueued (empty args) on its queue at each slot.
     cron: str | None = None
+    #: Tasks enqueued when a job of this one succeeds, in the same transaction, with its
+    #: result as args (a result that is not a JSON object as `{"result": …}`).
+    then: tuple[str, ...] = ()
 
     @property
     def batched(self) -> bool:
@@ -120,12 +123,16 @@ class TaskRegistry:
         non_retryable: tuple[type[BaseException], ...] = (),
         batch_size: int | None = None,
         cron: str | None = None,
+        then: str | tuple[str, ...] = (),
     ) -> Callable[[H], H]:
         """Decorator registering an `async def handler(ctx)` as task `name`; the function is
         returned unchanged. With `batch_size`, the handler is `async def handler(batch)` and
         takes up to that many jobs per call (`dataloader.Batch`). With `cron` (a cron
         expression, UTC), a job of it with empty args is enqueued on its queue at each slot
-        (`DL_CRON` gives more options). Bad options raise at once (ValueError, TypeError)."""
+        (`DL_CRON` gives more options). With `then` (a task name, or several), each success
+        enqueues a job of each, with the result as args, in the transaction of the success
+        (`ctx.then` adds stages from the handler). Bad options raise at once (ValueError,
+        TypeError)."""
         defined = Task(
             name=_checked("task name", limits.check_name, name),
             handler=_unset,
@@ -147,7 +154,13 @@ class TaskRegistry:
             if batch_size is None
             else _checked("batch_size", limits.check_batch_size, batch_size),
             cron=None if cron is None else _checked("cron", check_schedule, cron),
+            then=tuple(
+                _checked("then", limits.check_name, name)
+                for name in ((then,) if isinstance(then, str) else then)
+            ),
         )
+        if defined.batched and defined.then:
+            raise ValueError(f"task {name!r}: a batched task has no next stages (then=…)")
         if defined.batched and defined.queue is None:
             # its queue's workers claim batch_size jobs at once: they must know the queue
             raise ValueError(f"task {name!r}: a batch_size needs the task's queue (queue=…)")
