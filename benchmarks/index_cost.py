@@ -1,5 +1,6 @@
-"""What the job list's indexes (migration 0012) cost writes: a fresh database with them, without
-them, and with a third one on `hashtext(partition_key)`; 20,000 jobs enqueued in batches of
+"""What the indexes beyond the claim's cost writes: a fresh database with every index, and
+without those of a migration (0012: the job list's; 0014 and 0015: finished jobs for the
+pruner, heartbeat entries, running jobs per partition_key); 20,000 jobs enqueued in batches of
 1,000, then drained by 10 slots. Three rounds rotating the variants; medians.
 
     python benchmarks/index_cost.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
@@ -16,9 +17,13 @@ import run
 
 #: Statements turning a freshly migrated database into each variant.
 VARIANTS: dict[str, list[str]] = {
-    "without": ["DROP INDEX ix_dl_jobs_created", "DROP INDEX ix_dl_jobs_lock_key_hash"],
+    "without_0012": ["DROP INDEX ix_dl_jobs_created", "DROP INDEX ix_dl_jobs_lock_key_hash"],
+    "without_0014_0015": [
+        "DROP INDEX ix_dl_jobs_finished",
+        "DROP INDEX ix_dl_job_events_heartbeats",
+        "DROP INDEX ix_dl_jobs_running_partition",
+    ],
     "with": [],
-    "plus_partition": ["CREATE INDEX ix_partition_hash ON dl_jobs (hashtext(partition_key))"],
 }
 JOBS = 20_000
 

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 
 from dataloader import (
     Batch,
@@ -41,7 +42,11 @@ from dataloader import (
     WorkerSpec,
     metrics,
 )
+from dataloader.api import create_app
+from dataloader.maintenance.pruner import Pruner, Retention
+from dataloader.storage.connections import GuardedPool
 from dataloader.storage.embedded import get_server
+from dataloader.storage.maintenance import MaintenanceStore
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -928,6 +933,65 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
         "queued_jobs": queued,
         "client_stats_ms": stats_ms,
         "whole_table_counts_ms": counts_ms,
+    }
+
+
+@phase("retention")
+async def retention(b: Bench) -> dict[str, Any]:
+    """Beside 10,000,000 finished jobs (a tenth of them 40 days old, failed ones among them),
+    and 10,000 queued: `GET /status`, `GET /api/v1/queues` and pages of `GET /api/v1/jobs`
+    (medians of 20 calls each); then the pruner deletes the old ones (1,000 per statement)
+    and its rate is timed."""
+    finished, old, queued = b.n(10_000_000), b.n(1_000_000), b.n(10_000)
+    await b.sql(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, created_at,"
+        " started_at, finished_at)"
+        " SELECT gen_random_uuid(), 'q' || (i % 10), 't' || (i % 20), 'done-' || i,"
+        " CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, 1, at, at, at"
+        " FROM generate_series(1, $1::int) AS i,"
+        " LATERAL (SELECT now() - make_interval(days => CASE WHEN i <= $2 THEN 40 ELSE 1 END)"
+        "          - make_interval(secs => i % 86400) AS at) AS t",
+        finished,
+        old,
+    )
+    await b.bulk_insert(queued, lambda i: NewJob(queue=f"q{i % 10}", task="t", lock_key=f"k{i}"))
+    await b.sql("VACUUM ANALYZE dl_jobs")
+    settings = b.settings(prune_succeeded_after_sec=30 * 86_400, prune_failed_after_sec=30 * 86_400)
+    app = create_app(settings, run_workers=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as http,
+    ):
+
+        async def get(url: str) -> None:
+            response = await http.get(url)
+            if response.status_code != 200:
+                raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
+
+        timings = {
+            f"{name}_ms": await _time_ms(lambda url=url: get(url), 20)
+            for name, url in (
+                ("status", "/status"),
+                ("queues", "/api/v1/queues"),
+                ("jobs_newest", "/api/v1/jobs?limit=100"),
+                ("jobs_queue_failed", "/api/v1/jobs?queue=q3&status=failed&limit=100"),
+            )
+        }
+        store = MaintenanceStore(GuardedPool(app.state.app_context.pool, 60))
+        retention_of = Retention(30 * 86_400, 30 * 86_400, 30 * 86_400, 30 * 86_400, 86_400)
+        started = time.perf_counter()
+        deleted = await Pruner(store, retention_of, settings.prune_batch_size).prune()
+        took = time.perf_counter() - started
+    pruned = deleted["succeeded"] + deleted["failed"]
+    if pruned != old:
+        raise RuntimeError(f"pruned {pruned} jobs, expected {old}")
+    return {
+        "finished_jobs": finished,
+        "queued_jobs": queued,
+        **timings,
+        "pruned_jobs": pruned,
+        "prune_sec": took,
+        "prune_jobs_per_sec": pruned / took,
     }
 
 

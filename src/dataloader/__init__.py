@@ -19,7 +19,7 @@ from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
 from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats, Stage
-from dataloader.core.queues import QueueEvent, QueueSettings, Throughput
+from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, Throughput
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
     ConfigError,
@@ -75,6 +75,7 @@ __all__ = [
     "NotRetryable",
     "PipelineRegistry",
     "QueueEvent",
+    "QueueLimits",
     "QueueSettings",
     "QueueStats",
     "Retry",

@@ -18,15 +18,18 @@ import asyncio
 import builtins
 import contextlib
 import copy
+import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import asyncpg
 from pydantic import BaseModel
 
+from dataloader import metrics
 from dataloader.base import JobStatus
 from dataloader.config import Settings, load_settings
 from dataloader.core import limits
@@ -40,7 +43,7 @@ from dataloader.core.models import (
     NewJob,
     QueueStats,
 )
-from dataloader.core.queues import QueueEvent, QueueSettings
+from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
 from dataloader.exceptions import DatabaseUnavailable, DataloaderError, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db, queries
@@ -53,6 +56,7 @@ from dataloader.storage.connections import (
 )
 from dataloader.storage.migrate import load_migrations
 from dataloader.storage.repositories import (
+    BulkResult,
     JobPage,
     JobRepository,
     enqueue,
@@ -79,6 +83,20 @@ log = logging.getLogger(__name__)
 WAIT_RECHECK_SEC: Final = 30.0
 #: What a wait pending when its client closes raises.
 CLOSED_MESSAGE: Final = "the client is closed"
+#: How often `follow` reads a running job's journal and progress.
+FOLLOW_POLL_SEC: Final = 0.5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """One update of `Client.follow`: a journal entry (`event`), a change of progress or the
+    end (`state`: the job as it is then), or nothing for a while (`idle`)."""
+
+    kind: Literal["event", "progress", "end", "idle"]
+    event: JobEvent | None = None
+    state: JobState | None = None
+
+
 #: Clients kept per actor by `acting_as` (beyond this, the cache starts again).
 MAX_ACTORS: Final = 256
 
@@ -263,8 +281,11 @@ class Client:
             new, filled = self.job(task, args, lock_key=lock_key, **options), None
         if connection is not None:
             conn = await caller_connection(connection)
-            return await enqueue(conn, new, actor=self._repo.actor, options=filled)
-        return await self._repo.enqueue(new, filled)
+            result = await enqueue(conn, new, actor=self._repo.actor, options=filled)
+        else:
+            result = await self._repo.enqueue(new, filled)
+        _count_enqueued([new], [result], {new.task: filled} if filled else {})
+        return result
 
     async def enqueue_many(
         self, jobs: Iterable[NewJob], *, connection: CallerConnection | None = None
@@ -277,8 +298,11 @@ class Client:
         options = self._options(batch)
         if connection is not None:
             conn = await caller_connection(connection)
-            return await enqueue_many(conn, batch, actor=self._repo.actor, options=options)
-        return await self._repo.enqueue_many(batch, options)
+            results = await enqueue_many(conn, batch, actor=self._repo.actor, options=options)
+        else:
+            results = await self._repo.enqueue_many(batch, options)
+        _count_enqueued(batch, results, options)
+        return results
 
     def _options(self, jobs: builtins.list[NewJob]) -> dict[str, JobOptions]:
         """Each task's options for the jobs that leave some out, after checking every job
@@ -385,6 +409,56 @@ class Client:
                 raise TimeoutError(f"job {job_id} has not ended within {timeout} s") from None
             raise
 
+    async def follow(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        after: int = 0,
+        poll_sec: float = FOLLOW_POLL_SEC,
+        idle_sec: float | None = None,
+    ) -> AsyncIterator[JobUpdate]:
+        """What happens to a job until it ends, as it happens: each new journal entry (after
+        event `after`), each change of its progress, then its final state (the last update).
+        The end is heard at once (LISTEN); the journal and progress are read every
+        `poll_sec`. With `idle_sec`, an `idle` update comes after that long without one (to
+        keep a connection alive). JobNotFound if there is no such job."""
+        job_id = _uuid(job_id)
+        _check_page(after, None)
+        if self._finished.closed:
+            raise RuntimeError(CLOSED_MESSAGE)
+        progress: dict[str, Any] | None = None
+        quiet_since = time.monotonic()
+        async with self._finished.watch(job_id) as ended:
+            while True:
+                ended.clear()  # before reading: an end announced after the read wakes us
+                state = await self._repo.get(job_id)
+                if state is None:
+                    raise JobNotFound(f"job {job_id} not found")
+                updates = [
+                    JobUpdate("event", event=e) for e in await self.events(job_id, after=after)
+                ]
+                if state.progress != progress:
+                    progress = state.progress
+                    updates.append(JobUpdate("progress", state=state))
+                if state.finished:
+                    updates.append(JobUpdate("end", state=state))
+                for update in updates:
+                    if update.event is not None:
+                        after = update.event.event_id
+                    yield update
+                if state.finished:
+                    return
+                now = time.monotonic()
+                if updates:
+                    quiet_since = now
+                elif idle_sec is not None and now - quiet_since >= idle_sec:
+                    quiet_since = now
+                    yield JobUpdate("idle")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), poll_sec)
+                if self._finished.closed:
+                    raise RuntimeError(CLOSED_MESSAGE)
+
     async def _wait(self, job_id: uuid.UUID) -> JobState:
         state = await self._ended(job_id)
         if state is not None:  # no need to listen for a job that has ended
@@ -434,6 +508,22 @@ class Client:
         `pause`); resuming a queue that is not paused changes nothing."""
         return await self._admin.resume(limits.check_name(queue), self.actor)
 
+    async def set_limits(
+        self,
+        queue: str,
+        *,
+        max_running: int | None = None,
+        max_running_per_partition: int | None = None,
+        max_per_second: float | None = None,
+    ) -> QueueSettings:
+        """Set `queue`'s limits, held across every replica (None: no such limit; all None
+        removes them): jobs running at once in the queue, and per partition_key, and jobs
+        started per second. Claims of a queue with limits take turns across replicas (a
+        transaction-level advisory lock), so the limits hold exactly; a queue without limits
+        costs nothing of this. Audited like `pause`; ValueError for a bad value."""
+        wanted = QueueLimits(max_running, max_running_per_partition, max_per_second)
+        return await self._admin.set_limits(limits.check_name(queue), wanted, self.actor)
+
     async def queue_events(
         self, queue: str, *, after: int = 0, limit: int | None = None
     ) -> builtins.list[QueueEvent]:
@@ -441,6 +531,20 @@ class Client:
         whose `event_id` is `after`, `limit` entries at most (None: all)."""
         _check_page(after, limit)
         return await self._admin.queue_events(limits.check_name(queue), after, limit)
+
+    async def cancel_many(self, *, limit: int = 1000, **where: Any) -> BulkResult:
+        """Cancel the jobs matching every filter given (those of `list`: queue, status, task,
+        lock_key, partition_key, created_/finished_ ranges; at least one), newest first, up to
+        `limit` (1…10,000) of them, each as `cancel` would. `BulkResult(matched, changed,
+        more)`: `more` says that more jobs match; a filter on a status the change leaves
+        (`status="queued"`) lets a next call go on where this one stopped."""
+        return await self._repo.cancel_matching(_bulk_filter(where), _bulk_limit(limit))
+
+    async def retry_many(self, *, limit: int = 1000, **where: Any) -> BulkResult:
+        """Retry the failed, lost and canceled jobs among those matching every filter given
+        (at least one; e.g. `status="failed", queue="etl"`), up to `limit` looked at; the
+        others are skipped. As `cancel_many` otherwise."""
+        return await self._repo.retry_matching(_bulk_filter(where), _bulk_limit(limit))
 
     async def __aenter__(self) -> Client:
         return self
@@ -656,6 +760,39 @@ def _when(value: object) -> tuple[datetime | None, timedelta | None]:
     raise InvalidJob(
         "available_at", f"must be a datetime or a timedelta, not {type(value).__name__}"
     )
+
+
+def _count_enqueued(
+    jobs: Iterable[NewJob], results: Iterable[EnqueueResult], options: dict[str, JobOptions]
+) -> None:
+    """Count the jobs an enqueue created (metrics), by queue and task."""
+    for job, result in zip(jobs, results, strict=True):
+        if result.created:
+            filled = options.get(job.task)
+            queue = job.queue if job.queue is not None or filled is None else filled.queue
+            metrics.JOBS_ENQUEUED.labels(queue or "", job.task).inc()
+
+
+#: Jobs a cancel or retry by filter looks at, at most.
+MAX_BULK = 10_000
+
+
+def _bulk_filter(where: dict[str, Any]) -> JobFilter:
+    """The filter of a bulk change; ValueError with none (that would be every job)."""
+    given = {name: value for name, value in where.items() if value is not None}
+    if not given:
+        raise ValueError("give at least one filter (a change of every job is not offered)")
+    try:
+        return JobFilter(**given)
+    except TypeError:
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(JobFilter)})
+        raise ValueError(f"unknown filter: {', '.join(unknown)}") from None
+
+
+def _bulk_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK:
+        raise ValueError(f"limit must be an integer between 1 and {MAX_BULK}, not {limit!r}")
+    return limit
 
 
 def _check_page(after: int, limit: int | None) -> None:

@@ -10,17 +10,37 @@ the queue's name as the `queue` label:
     queue_handler_{processed,errors,retried}_total{queue,task}   batch handlers' settlements
     queue_handler_duration_seconds{queue,task}         one call of a batch handler
 
+The jobs' own metrics, per queue and task (seed 001's scanning and processing histograms map
+to `dataloader_maintenance_duration_seconds` and `dataloader_job_duration_seconds`):
+
+    dataloader_jobs_enqueued_total{queue,task}          jobs this process enqueued (created)
+    dataloader_jobs_started_total{queue,task}           attempts this process's workers started
+    dataloader_jobs_ended_total{queue,task,outcome}     attempts ended: succeeded, failed,
+                                                        retried, canceled, lost
+    dataloader_job_wait_seconds{queue}                  from due (enqueued, or retry time) to start
+    dataloader_job_duration_seconds{queue,task}         one attempt's run
+    dataloader_claim_duration_seconds{queue}            one claim round (its statements)
+    dataloader_maintenance_duration_seconds{task}       one run of the reaper, pruner or cron
+    dataloader_queue_ready_jobs{queue}                  ready jobs (refreshed at each scrape)
+    dataloader_queue_oldest_ready_age_seconds{queue}    age of the longest-waiting due job (idem)
+    dataloader_listener_up                              1 while LISTEN is connected
+
 Several worker managers in one process (tests, an embedding program) add up: the gauges move
 by what each one starts and stops.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from dataloader.core.queues import THROUGHPUT_KINDS
 from dataloader.workers.batches import HandlerStats
+
+if TYPE_CHECKING:
+    from dataloader.core.models import QueueStats
 
 #: A cycle is meant to end within 10 s, so that a stop never waits long for one: the buckets
 #: resolve the seconds around that mark.
@@ -56,6 +76,77 @@ HANDLER_DURATION: Final = Histogram(
     ["queue", "task"],
     buckets=CYCLE_BUCKETS,
 )
+
+
+#: Jobs wait from milliseconds (a hot queue) to hours (a backlog).
+WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800, 3600, 21600)
+#: Attempts run from milliseconds to hours (long ETL loads).
+RUN_BUCKETS: Final = (0.005, 0.025, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 43200)
+#: Statements: a claim or a maintenance pass takes milliseconds, unless something is wrong.
+STATEMENT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30)
+
+JOBS_ENQUEUED: Final = Counter(
+    "dataloader_jobs_enqueued", "Jobs this process enqueued (created).", ["queue", "task"]
+)
+JOBS_STARTED: Final = Counter(
+    "dataloader_jobs_started", "Attempts this process's workers started.", ["queue", "task"]
+)
+JOBS_ENDED: Final = Counter(
+    "dataloader_jobs_ended",
+    "Attempts ended, by outcome: succeeded, failed, retried, canceled, lost.",
+    ["queue", "task", "outcome"],
+)
+JOB_WAIT: Final = Histogram(
+    "dataloader_job_wait_seconds",
+    "From the moment a job was due (enqueued, or its retry time) to its start.",
+    ["queue"],
+    buckets=WAIT_BUCKETS,
+)
+JOB_DURATION: Final = Histogram(
+    "dataloader_job_duration_seconds",
+    "One attempt's run, from its start to its end.",
+    ["queue", "task"],
+    buckets=RUN_BUCKETS,
+)
+CLAIM_DURATION: Final = Histogram(
+    "dataloader_claim_duration_seconds",
+    "One claim round of a queue (putting back due jobs, claiming, parking).",
+    ["queue"],
+    buckets=STATEMENT_BUCKETS,
+)
+MAINTENANCE_DURATION: Final = Histogram(
+    "dataloader_maintenance_duration_seconds",
+    "One run of a maintenance task (reaper, pruner, cron) by the process that leads.",
+    ["task"],
+    buckets=STATEMENT_BUCKETS,
+)
+QUEUE_READY: Final = Gauge(
+    "dataloader_queue_ready_jobs", "Ready jobs of the queue, read at the scrape.", ["queue"]
+)
+QUEUE_OLDEST_AGE: Final = Gauge(
+    "dataloader_queue_oldest_ready_age_seconds",
+    "Seconds since the queue's longest-waiting due job became due (0: none), read at the scrape.",
+    ["queue"],
+)
+LISTENER_UP: Final = Gauge(
+    "dataloader_listener_up", "1 while this process's LISTEN connection is up, else 0."
+)
+
+
+def count_ended(queue: str, task: str, journal: str) -> None:
+    """Count an attempt that ended with journal entry `journal` (other kinds: not counted)."""
+    outcome = THROUGHPUT_KINDS.get(journal)
+    if outcome is not None:
+        JOBS_ENDED.labels(queue, task, outcome).inc()
+
+
+def set_queue_gauges(stats: Iterable[QueueStats]) -> None:
+    """The queue gauges as `stats` (read at a scrape) has them; queues gone are dropped."""
+    QUEUE_READY.clear()
+    QUEUE_OLDEST_AGE.clear()
+    for queue in stats:
+        QUEUE_READY.labels(queue.queue).set(queue.ready)
+        QUEUE_OLDEST_AGE.labels(queue.queue).set(queue.oldest_ready_age_sec or 0)
 
 
 def observe_batch(queue: str, task: str, stats: HandlerStats) -> None:

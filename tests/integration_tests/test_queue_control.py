@@ -231,4 +231,5 @@ async def test_an_action_path_with_another_method_is_no_queue_name(
     service = await start_service(run_workers=False)
     assert (await service.client.get("/api/v1/queues/etl/pause")).status_code == 405
     assert (await service.client.get("/api/v1/queues/etl/resume")).status_code == 405
+    assert (await service.client.get("/api/v1/queues/etl/limits")).status_code == 405
     assert (await service.client.get("/api/v1/queues/etl/pauses")).status_code == 200

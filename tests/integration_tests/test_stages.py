@@ -22,7 +22,7 @@ from .helpers import event_payloads, wait_until
 async def _jobs_of(conn: asyncpg.Connection, task: str) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT job_id, queue, lock_key, status::text AS status, args::text AS args,"
-        " idempotency_key, producer FROM dl_jobs WHERE task = $1 ORDER BY created_at",
+        " idempotency_key, producer FROM dl_jobs WHERE task = $1 ORDER BY created_at, job_id",
         task,
     )
 
@@ -84,7 +84,8 @@ async def test_the_handler_adds_stages_with_their_own_options(
     )
     job = await service.dl.enqueue("etl.split", lock_key="split")
     assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
-    parts = await _jobs_of(conn, "etl.part")
+    # enqueued by one statement: one created_at, so in the order of their lock_keys here
+    parts = sorted(await _jobs_of(conn, "etl.part"), key=lambda r: r["lock_key"])
     assert [(r["queue"], r["lock_key"]) for r in parts] == [("etl", f"part:{i}") for i in range(3)]
     assert [json.loads(r["args"]) for r in parts] == [{"part": i} for i in range(3)]
     (reported,) = await _jobs_of(conn, "etl.report")

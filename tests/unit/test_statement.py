@@ -109,9 +109,21 @@ _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def statement_sources() -> dict[str, str]:
-    """The text each `X = Statement("…")` of queries.py was written with."""
+    """The text each `X = Statement("…")` of queries.py was written with: its literal, or,
+    for one built from a template (`Statement(_CLAIM.format(…))`), every literal it is built
+    from (the template's included)."""
+    module = ast.parse(QUERIES_PY.read_text(encoding="utf-8"))
+    literals = {
+        target.id: node.value.value
+        for node in module.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        for target in ([node.target] if isinstance(node, ast.AnnAssign) else node.targets)
+        if isinstance(target, ast.Name)
+    }
     found = {}
-    for node in ast.walk(ast.parse(QUERIES_PY.read_text(encoding="utf-8"))):
+    for node in ast.walk(module):
         if (
             isinstance(node, ast.AnnAssign | ast.Assign)
             and isinstance(node.value, ast.Call)
@@ -121,9 +133,14 @@ def statement_sources() -> dict[str, str]:
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             assert isinstance(target, ast.Name)
             [text] = node.value.args
-            assert isinstance(text, ast.Constant)
-            assert isinstance(text.value, str)
-            found[target.id] = text.value
+            parts = [
+                part.value if isinstance(part, ast.Constant) else literals[part.id]
+                for part in ast.walk(text)
+                if (isinstance(part, ast.Constant) and isinstance(part.value, str))
+                or (isinstance(part, ast.Name) and part.id in literals)
+            ]
+            assert parts, target.id
+            found[target.id] = "\n".join(parts)
     return found
 
 

@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse, Response
 
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
-from dataloader.config import Scope, Settings
+from dataloader.config import Scope
+from dataloader.health import warnings_of
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.maintenance import Lease, MaintenanceRun, MaintenanceStore
+from dataloader.storage.maintenance import MaintenanceRun, MaintenanceStore
 from dataloader.storage.presence import LiveWorker
 
 router = APIRouter(tags=["infra"], route_class=AuthorizedRoute)
@@ -42,8 +43,18 @@ async def health() -> dict[str, str]:
     response_class=Response,
     operation_id="get_metrics",
 )
-async def get_metrics() -> Response:
-    """This process's Prometheus metrics, in the text exposition format."""
+async def get_metrics(request: Request) -> Response:
+    """This process's Prometheus metrics, in the text exposition format. The queue gauges
+    (ready jobs, oldest ready age) are read from the database at each scrape (a few
+    milliseconds, from index ranges); if it does not answer in time they are left out."""
+    try:
+        async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
+            stats = await request.app.state.client.stats()
+        metrics.set_queue_gauges(stats.values())
+    except TimeoutError:
+        metrics.set_queue_gauges(())
+    except CONNECTION_ERRORS:
+        metrics.set_queue_gauges(())
     body, content_type = metrics.exposition()
     return Response(content=body, media_type=content_type)
 
@@ -88,11 +99,7 @@ async def status(request: Request) -> JSONResponse:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
     settings = state.app_context.settings
-    warnings = (
-        _unserved_warnings(ready, live)
-        + _vacuum_warnings(maintenance, settings.long_transaction_sec)
-        + _maintenance_warnings(runs, leases, live, settings)
-    )
+    warnings = warnings_of(ready, live, maintenance, runs, leases, settings)
     body.update(
         status="ok",
         database="ok",
@@ -139,41 +146,3 @@ def _run(run: MaintenanceRun) -> dict[str, Any]:
     shown = asdict(run)
     shown["ago_sec"] = round(run.ago_sec, 3)
     return shown
-
-
-def _maintenance_warnings(
-    runs: list[MaintenanceRun], leases: list[Lease], live: list[LiveWorker], settings: Settings
-) -> list[str]:
-    """Maintenance that fails, or that nobody runs while workers are live."""
-    warnings = [f"the last {r.task} run failed: {r.error}" for r in runs if not r.ok]
-    leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
-    if any(worker.queues for worker in live) and (leader is None or not leader.valid):
-        warnings.append(
-            "no process leads maintenance (reaper, pruner, cron): the next one to bid takes"
-            f" it within {settings.leader_lease_sec:g}s"
-        )
-    return warnings
-
-
-def _unserved_warnings(ready: list[str], live: list[LiveWorker]) -> list[str]:
-    """Queues with ready jobs that no live process serves: they would wait forever."""
-    served = {queue for worker in live for queue in worker.queues}
-    return [
-        f"queue {queue!r} has ready jobs and no live worker serves it"
-        for queue in ready
-        if queue not in served
-    ]
-
-
-def _vacuum_warnings(maintenance: dict[str, Any], limit_sec: float) -> list[str]:
-    """Why the queue table may be bloating: a transaction open too long."""
-    oldest = maintenance["oldest_transaction"]
-    if oldest is None or oldest["age_sec"] < limit_sec:
-        return []
-    table = maintenance["queue_table"] or {}
-    return [
-        f"a transaction has been open for {oldest['age_sec']:.0f}s (pid {oldest['pid']},"
-        f" {oldest['state']}, application {oldest['application_name']!r}): vacuum cannot"
-        f" remove the queue table's dead rows ({table.get('dead_tuples', '?')} now) until it"
-        " ends"
-    ]

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from dataloader.base import JobStatus
 from dataloader.core import limits
-from dataloader.core.queues import Throughput
+from dataloader.core.queues import QueueLimits, Throughput
 from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import InvalidJob
 
@@ -276,6 +276,8 @@ class QueueStats:
     paused: bool = False
     paused_by: str | None = None
     paused_at: datetime | None = None
+    #: Its limits across every replica (`Client.set_limits`).
+    limits: QueueLimits = field(default_factory=QueueLimits)
     #: Live processes serving it, and their slots for it (slots shared by several queues
     #: count for each).
     workers: int = 0

@@ -4,7 +4,7 @@ throughput. No I/O."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -23,6 +23,41 @@ THROUGHPUT_KINDS: Final = {
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's limits across every replica (None: no limit)."""
+
+    #: Jobs of the queue running at once.
+    max_running: int | None = None
+    #: Jobs of one partition_key of the queue running at once.
+    max_running_per_partition: int | None = None
+    #: Jobs started per second (a bucket of one second's worth: short bursts up to that).
+    max_per_second: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_running_per_partition"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1
+            ):
+                raise ValueError(f"{name} must be an integer from 1 to 2147483647, or None")
+        rate = self.max_per_second
+        if rate is not None and (
+            isinstance(rate, bool)
+            or not isinstance(rate, int | float)
+            or not 0.001 <= rate <= 1_000_000
+        ):
+            raise ValueError("max_per_second must be a number from 0.001 to 1000000, or None")
+
+    @property
+    def any(self) -> bool:
+        """Whether any limit is set."""
+        return any(
+            v is not None
+            for v in (self.max_running, self.max_running_per_partition, self.max_per_second)
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSettings:
     """What an operator set on a queue, and who did it last."""
 
@@ -30,6 +65,7 @@ class QueueSettings:
     paused: bool
     changed_at: datetime | None = None
     changed_by: str | None = None
+    limits: QueueLimits = field(default_factory=QueueLimits)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dataloader import metrics
 from dataloader.maintenance.leader import Leadership
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import MaintenanceStore
@@ -68,10 +69,10 @@ class Maintenance:
             log.warning(
                 "%s failed: %r", task.name, exc, exc_info=not isinstance(exc, CONNECTION_ERRORS)
             )
+        took = time.monotonic() - started
+        metrics.MAINTENANCE_DURATION.labels(task.name).observe(took)
         try:
-            await self._store.record_run(
-                task.name, self.leadership.holder, time.monotonic() - started, error, detail
-            )
+            await self._store.record_run(task.name, self.leadership.holder, took, error, detail)
         except Exception as exc:
             log.warning("could not record the run of %s: %r", task.name, exc)
         return detail

@@ -11,6 +11,7 @@ from dataloader.core.models import QueueStats
 from dataloader.core.queues import (
     THROUGHPUT_WINDOWS_SEC,
     QueueEvent,
+    QueueLimits,
     QueueSettings,
     Throughput,
     throughput_of,
@@ -36,7 +37,8 @@ class AdminStore:
             served = await _served(conn)
             throughput = await _throughput(conn, queue)
         stats = {row["queue"]: _queue_stats(row) for row in rows}
-        named = {q for q, s in settings.items() if s.paused} | served.keys() | throughput.keys()
+        steered = {q for q, s in settings.items() if s.paused or s.limits.any}
+        named = steered | served.keys() | throughput.keys()
         for name in named if queue is None else {queue}:
             stats.setdefault(name, QueueStats(name, 0, 0, 0, 0, 0, 0, None))
         for name, found in stats.items():
@@ -48,6 +50,7 @@ class AdminStore:
                 paused=paused,
                 paused_by=setting.changed_by if paused and setting else None,
                 paused_at=setting.changed_at if paused and setting else None,
+                limits=setting.limits if setting is not None else QueueLimits(),
                 workers=workers,
                 slots=slots,
                 throughput=tuple(throughput.get(name) or throughput_of({})),
@@ -66,6 +69,21 @@ class AdminStore:
         async with self._connections.connection() as conn:
             row = await conn.fetchrow(*queries.RESUME_QUEUE.bind(queue=queue, actor=actor))
         return QueueSettings(queue, paused=False) if row is None else _settings_of(row)
+
+    async def set_limits(self, queue: str, limits: QueueLimits, actor: str) -> QueueSettings:
+        """Set `queue`'s limits (each None: none), and wake its workers; its settings after."""
+        async with self._connections.connection() as conn:
+            row = await conn.fetchrow(
+                *queries.SET_QUEUE_LIMITS.bind(
+                    queue=queue,
+                    actor=actor,
+                    max_running=limits.max_running,
+                    max_running_per_partition=limits.max_running_per_partition,
+                    max_per_second=limits.max_per_second,
+                )
+            )
+        assert row is not None  # the row was written, or it was there already
+        return _settings_of(row)
 
     async def queue_events(self, queue: str, after: int, limit: int | None) -> list[QueueEvent]:
         """The queue's audit log after event `after`, oldest first, `limit` at most."""
@@ -99,7 +117,10 @@ async def _settings(conn: AnyConnection) -> dict[str, QueueSettings]:
 
 
 def _settings_of(row: Any) -> QueueSettings:
-    return QueueSettings(row["queue"], row["paused"], row["changed_at"], row["changed_by"])
+    limits = QueueLimits(
+        row["max_running"], row["max_running_per_partition"], row["max_per_second"]
+    )
+    return QueueSettings(row["queue"], row["paused"], row["changed_at"], row["changed_by"], limits)
 
 
 async def _served(conn: AnyConnection) -> dict[str, tuple[int, int]]:

@@ -141,6 +141,22 @@ class MaintenanceStore:
         )
         return deleted
 
+    async def count_prunable_jobs(self, status: JobStatus, after_sec: float) -> int:
+        """How many jobs that ended `status` over `after_sec` ago `prune_jobs` would delete."""
+        if status not in FINISHED:
+            raise ValueError(f"only finished jobs are pruned, not {status.value} ones")
+        prunable: int = await self._db.fetchval(
+            *queries.COUNT_PRUNABLE_JOBS.bind(status=status.value, after_sec=after_sec)
+        )
+        return prunable
+
+    async def count_prunable_heartbeats(self, after_sec: float) -> int:
+        """How many heartbeat entries older than `after_sec` `prune_heartbeats` would delete."""
+        prunable: int = await self._db.fetchval(
+            *queries.COUNT_PRUNABLE_HEARTBEATS.bind(after_sec=after_sec)
+        )
+        return prunable
+
 
 @dataclass(frozen=True, slots=True)
 class CronState:

@@ -56,6 +56,8 @@ class ClaimedJob:
     rerun_requested: bool = False
     #: The checkpoint an earlier attempt saved (None: start from the beginning).
     checkpoint: Any = None
+    #: Seconds from the moment it was due to its claim (None: not measured, a hand-off).
+    waited_sec: float | None = None
 
     def facts(self, cancel_requested: bool | None = None) -> JobFacts:
         """The job as claimed, for deciding its outcome (with a cancel request learnt since,
@@ -101,6 +103,7 @@ class ExpiredJob:
 
     job_id: uuid.UUID
     queue: str
+    task: str
     claim_token: uuid.UUID | None
     facts: JobFacts
 
@@ -111,6 +114,8 @@ class WorkerProtocol:
     def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
         #: The pool with its connection hygiene (for other stores on the same pool).
         self.db = GuardedPool(pool, timeout)
+        #: Queues whose last claim said they have limits: claimed by CLAIM_LIMITED.
+        self._limited: set[str] = set()
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
@@ -121,11 +126,20 @@ class WorkerProtocol:
         `walk` (≥ `limit`) jobs of its claim order that are not parked; those walked that
         cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`)."""
         walk = max(walk, limit)
-        rows = await self.db.fetch(
-            *queries.CLAIM_JOBS.bind(
-                queue=queue, limit=limit, walk=walk, worker_id=worker_id, claim_seed=uuid.uuid4()
-            )
+        claim = functools.partial(
+            queries.CLAIM_JOBS.bind,
+            queue=queue,
+            limit=limit,
+            walk=walk,
+            worker_id=worker_id,
+            claim_seed=uuid.uuid4(),
         )
+        limited = queue in self._limited
+        if not limited:
+            rows = await self.db.fetch(*claim())
+            limited = rows[-1]["limited"]  # a queue with limits is not claimed this way
+        if limited:
+            rows = await self._claim_limited(queue, claim.keywords)
         tail = rows.pop()
         return ClaimRound(
             self._claimed(rows),
@@ -133,6 +147,18 @@ class WorkerProtocol:
             exhausted=tail["walked"] < walk,
             next_due_in=tail["next_due_in"],
         )
+
+    async def _claim_limited(self, queue: str, parameters: dict[str, Any]) -> list[Record]:
+        """Claim from a queue with limits, its claims serialised across replicas; remembers
+        whether it still has limits."""
+        async with self.db.connection() as conn, conn.transaction():
+            await conn.execute(*queries.LOCK_QUEUE_CLAIMS.bind(queue=queue))
+            rows = await conn.fetch(*queries.CLAIM_LIMITED.bind(**parameters))
+        if rows[-1]["limited"]:
+            self._limited.add(queue)
+        else:
+            self._limited.discard(queue)
+        return rows
 
     async def park(self, job_ids: Sequence[uuid.UUID]) -> int:
         """Park those of `job_ids` (walked past by a claim) that still cannot run now; how
@@ -170,6 +196,7 @@ class WorkerProtocol:
                 handbacks=r["handbacks"],
                 rerun_requested=r["rerun_requested"],
                 checkpoint=None if r["checkpoint"] is None else json.loads(r["checkpoint"]),
+                waited_sec=r["waited_sec"],
             )
             for r in rows
         ]
@@ -293,7 +320,10 @@ class WorkerProtocol:
     async def expired(self, limit: int) -> list[ExpiredJob]:
         """Running jobs whose lease expired, oldest first."""
         rows = await self.db.fetch(*queries.EXPIRED_JOBS.bind(limit=limit))
-        return [ExpiredJob(r["job_id"], r["queue"], r["claim_token"], facts_of(r)) for r in rows]
+        return [
+            ExpiredJob(r["job_id"], r["queue"], r["task"], r["claim_token"], facts_of(r))
+            for r in rows
+        ]
 
     async def reap(
         self, decided: Sequence[tuple[ExpiredJob, Transition]], reaper_id: str

@@ -295,7 +295,8 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched), at most one per lock_key
 #: hash, from the first `walk` jobs of the claim's order (`walk` ≥ `limit`) that are not parked
 #: (migration 0009): keys that collide under hashtext wait in claim order like jobs of one key.
-#: Nothing is claimed from a paused queue (`dl_queues`, migration 0013).
+#: Nothing is claimed from a paused queue (`dl_queues`, migration 0013), nor from one with
+#: limits (migration 0015): those are claimed by CLAIM_LIMITED, which the last row points to.
 #: Each claim increments `claim_seq` and takes a new `claim_token`, the fence of every later
 #: write: the md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's
 #: number in the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid()
@@ -306,14 +307,14 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: (`walked` below `walk`: none is left to claim behind them); and in how many seconds the
 #: queue's earliest delayed job is due (`next_due_in`, NULL if none: the claim loop's timer,
 #: and at most 0 when one is due now and waits to be put back by PUT_BACK_DUE).
-CLAIM_JOBS: Final = Statement("""
+_CLAIM = """
 WITH walked AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
-           j.available_at, j.available_at > now() AS not_due
+           j.available_at, j.available_at > now() AS not_due, j.partition_key
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
-      -- a paused queue is claimed by nobody (one probe, tested once per claim)
-      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND p.paused))
+      -- tested once per claim (one probe of dl_queues)
+      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed})))
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
@@ -325,16 +326,12 @@ WITH walked AS (
                WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash))
                AS blocked
     FROM walked w
-), picked AS (
+){limited_ctes}, picked AS (
     SELECT job_id, priority, created_at,
            row_number() OVER (ORDER BY priority, created_at) AS n
-    FROM (
-        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at FROM judged
-        WHERE NOT blocked
-        ORDER BY lock_hash, priority, created_at
-    ) AS one_per_key
+    FROM ({candidates}) AS one_per_key
     ORDER BY priority, created_at
-    LIMIT :limit
+    LIMIT {limit}
 ), claimed AS (
     UPDATE dl_jobs j
     SET status = 'running',
@@ -350,27 +347,122 @@ WITH walked AS (
     RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
               j.lease_ttl_sec, j.cancel_requested, j.claim_seq, j.claim_token, j.handbacks,
-              j.rerun_requested, j.checkpoint::text AS checkpoint
+              j.rerun_requested, j.checkpoint::text AS checkpoint,
+              -- how long it waited once due (metrics)
+              EXTRACT(EPOCH FROM now() - GREATEST(j.available_at, j.created_at))::float8
+                  AS waited_sec
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'picked',
            jsonb_build_object('attempt', attempt, 'worker', :worker_id::text)
     FROM claimed
-)
-SELECT c.*, NULL::uuid[] AS blocked, NULL::bigint AS walked, NULL::float8 AS next_due_in
+){spend}
+SELECT c.*, NULL::uuid[] AS blocked, NULL::bigint AS walked, NULL::float8 AS next_due_in,
+       NULL::bool AS limited
 FROM claimed c
 UNION ALL
--- the last row: what the claim walked past, how far it walked, and in how many seconds the
--- queue's earliest delayed job is due (at most 0: one is due now and waits to be put back)
+-- the last row: what the claim walked past, how far it walked, in how many seconds the
+-- queue's earliest delayed job is due (at most 0: one is due now and waits to be put back) or
+-- its rate lets the next job start, and whether the queue has limits (its claims take
+-- CLAIM_LIMITED's way)
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, array_agg(job_id) FILTER (WHERE blocked), count(*),
-       EXTRACT(EPOCH FROM LEAST(
-           (SELECT min(d.available_at) FROM dl_jobs d
-            WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'),
-           min(available_at) FILTER (WHERE not_due)) - now())::float8
+       NULL, NULL, NULL, NULL, NULL, array_agg(job_id) FILTER (WHERE blocked), count(*),
+       LEAST(EXTRACT(EPOCH FROM LEAST(
+                 (SELECT min(d.available_at) FROM dl_jobs d
+                  WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'),
+                 min(available_at) FILTER (WHERE not_due)) - now())::float8,
+             {token_wait}),
+       COALESCE((SELECT {has_limits} FROM dl_queues p WHERE p.queue = :queue), false)
 FROM judged
 ORDER BY priority, created_at
-""")
+"""
+
+#: Whether a dl_queues row `p` sets any limit.
+_HAS_LIMITS = (
+    "(p.max_running IS NOT NULL OR p.max_running_per_partition IS NOT NULL"
+    " OR p.max_per_second IS NOT NULL)"
+)
+
+#: The one of each lock_key hash (the first in claim order) of the jobs that can run.
+_ONE_PER_KEY = """
+        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at FROM judged
+        WHERE NOT blocked
+        ORDER BY lock_hash, priority, created_at"""
+
+CLAIM_JOBS: Final = Statement(
+    _CLAIM.format(
+        closed=f"p.paused OR {_HAS_LIMITS}",
+        limited_ctes="",
+        candidates=_ONE_PER_KEY,
+        limit=":limit",
+        spend="",
+        token_wait="NULL::float8",
+        has_limits=_HAS_LIMITS,
+    )
+)
+
+#: CLAIM_JOBS for a queue with limits (migration 0015), run in a transaction after
+#: LOCK_QUEUE_CLAIMS: the claims of all replicas count and claim one after another. It claims
+#: no more than leaves the queue's running jobs within `max_running`, no job of a partition_key
+#: that has `max_running_per_partition` running already (nor more than fit), and no more than
+#: the queue's token bucket holds (`max_per_second`, refilled continuously up to one second's
+#: worth), which it spends. The last row says whether the queue still has limits.
+CLAIM_LIMITED: Final = Statement(
+    _CLAIM.format(
+        closed="p.paused",
+        limited_ctes="""
+, settings AS (
+    SELECT p.max_running, p.max_running_per_partition, p.max_per_second,
+           -- the clock as it is now, not at the transaction's start: the claims take turns
+           LEAST(GREATEST(p.max_per_second, 1),
+                 COALESCE(p.tokens + p.max_per_second
+                                     * EXTRACT(EPOCH FROM clock_timestamp() - p.tokens_at),
+                          GREATEST(p.max_per_second, 1))) AS tokens
+    FROM dl_queues p WHERE p.queue = :queue
+), room AS (
+    SELECT GREATEST(0, LEAST(
+               :limit,
+               COALESCE(s.max_running - (SELECT count(*) FROM dl_jobs r
+                                         WHERE r.status = 'running' AND r.queue = :queue),
+                        :limit),
+               COALESCE(floor(s.tokens)::int, :limit))) AS n,
+           s.max_running_per_partition AS per_partition
+    FROM settings s
+), ranked AS (
+    SELECT o.*,
+           row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
+           -- the jobs of its partition_key running now (ix_dl_jobs_running_partition)
+           + (SELECT count(*) FROM dl_jobs r
+              WHERE r.status = 'running' AND r.queue = :queue
+                AND r.partition_key = o.partition_key) AS partition_nth
+    FROM (
+        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, partition_key FROM judged
+        WHERE NOT blocked
+        ORDER BY lock_hash, priority, created_at
+    ) AS o
+)""",
+        candidates="""
+        SELECT r.job_id, r.priority, r.created_at FROM ranked r
+        WHERE r.partition_nth <= COALESCE((SELECT per_partition FROM room), r.partition_nth)""",
+        limit="COALESCE((SELECT n FROM room), :limit)",
+        spend=""", spent AS (
+    UPDATE dl_queues p
+    SET tokens = s.tokens - (SELECT count(*) FROM claimed), tokens_at = clock_timestamp()
+    FROM settings s
+    WHERE p.queue = :queue AND p.max_per_second IS NOT NULL
+)""",
+        # when the bucket holds less than a job: in how long it will hold one
+        token_wait="""(SELECT (1 - (s.tokens - (SELECT count(*) FROM claimed))) / s.max_per_second
+              FROM settings s
+              WHERE s.max_per_second IS NOT NULL
+                AND s.tokens - (SELECT count(*) FROM claimed) < 1)""",
+        has_limits=_HAS_LIMITS,
+    )
+)
+
+#: Serialises the claims of a queue with limits across every replica, until the claiming
+#: transaction ends (a class of dataloader's own two-key locks apart from MIGRATION_LOCK's).
+LOCK_QUEUE_CLAIMS: Final = Statement("SELECT pg_advisory_xact_lock(1684828012, hashtext(:queue))")
 
 #: Park the jobs a claim walked past (`job_ids`) that still cannot run: one not due yet is
 #: parked `delayed`; one whose lock_key hash is running is parked `lock_key`, but only if its
@@ -691,8 +783,13 @@ WITH u AS (
     SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked,
            u.expect_status = 'running' AND u.status::text <> 'running' AND w.queue = u.queue
                AND u.job_id = ANY(:hand_off::uuid[])
-               AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p  -- nor from a paused queue
-                                       WHERE p.queue = w.queue AND p.paused)) AS handed_off
+               -- nor from a paused queue, or one with limits (its claims count)
+               AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
+                                       WHERE p.queue = w.queue
+                                         AND (p.paused OR p.max_running IS NOT NULL
+                                              OR p.max_running_per_partition IS NOT NULL
+                                              OR p.max_per_second IS NOT NULL)))
+               AS handed_off
     FROM upd u
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
@@ -768,8 +865,8 @@ FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 #: someone else holds (a task fencing its writes with FOR SHARE, another reaper) are skipped:
 #: however many of them head the list, the jobs behind them are reached.
 EXPIRED_JOBS: Final = Statement("""
-SELECT job_id, queue, claim_token, status::text AS status, attempt, max_attempts, handbacks,
-       cancel_requested, rerun_requested
+SELECT job_id, queue, task, claim_token, status::text AS status, attempt, max_attempts,
+       handbacks, cancel_requested, rerun_requested
 FROM dl_jobs
 WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
 ORDER BY lease_expires_at
@@ -910,13 +1007,15 @@ WITH changed AS (
     INSERT INTO dl_queues (queue, paused, changed_by) VALUES (:queue, true, :actor)
     ON CONFLICT (queue) DO UPDATE SET paused = true, changed_at = now(), changed_by = :actor
     WHERE NOT dl_queues.paused
-    RETURNING queue, paused, changed_at, changed_by
+    RETURNING queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+              max_per_second
 ), ev AS (
     INSERT INTO dl_queue_events (queue, kind, actor) SELECT queue, 'paused', :actor FROM changed
 )
-SELECT queue, paused, changed_at, changed_by FROM changed
+SELECT * FROM changed
 UNION ALL
-SELECT queue, paused, changed_at, changed_by FROM dl_queues
+SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+       max_per_second FROM dl_queues
 WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
 """)
 
@@ -927,21 +1026,59 @@ RESUME_QUEUE: Final = Statement("""
 WITH changed AS (
     UPDATE dl_queues SET paused = false, changed_at = now(), changed_by = :actor
     WHERE queue = :queue AND paused
-    RETURNING queue, paused, changed_at, changed_by
+    RETURNING queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+              max_per_second
 ), ev AS (
     INSERT INTO dl_queue_events (queue, kind, actor) SELECT queue, 'resumed', :actor FROM changed
 )
-SELECT queue, paused, changed_at, changed_by, pg_notify('dl_jobs', queue) IS NULL AS woken
-FROM changed
+SELECT *, pg_notify('dl_jobs', queue) IS NULL AS woken FROM changed
 UNION ALL
-SELECT queue, paused, changed_at, changed_by, false FROM dl_queues
+SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+       max_per_second, false FROM dl_queues
 WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
 """)
 
 #: Every queue's settings (one row per queue an operator set something on), by name.
 QUEUE_SETTINGS: Final = """
-SELECT queue, paused, changed_at, changed_by FROM dl_queues ORDER BY queue
+SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+       max_per_second
+FROM dl_queues ORDER BY queue
 """
+
+#: Set `queue`'s limits for `actor` (NULL: none), journaling them in its audit log when they
+#: change, and wake its workers (looser limits may let them claim). A new rate starts with a
+#: full bucket. The queue's settings after.
+SET_QUEUE_LIMITS: Final = Statement("""
+WITH changed AS (
+    INSERT INTO dl_queues AS q (queue, changed_by, max_running, max_running_per_partition,
+                                max_per_second)
+    VALUES (:queue, :actor, :max_running, :max_running_per_partition, :max_per_second)
+    ON CONFLICT (queue) DO UPDATE
+    SET max_running = EXCLUDED.max_running,
+        max_running_per_partition = EXCLUDED.max_running_per_partition,
+        max_per_second = EXCLUDED.max_per_second,
+        tokens = CASE WHEN q.max_per_second IS NOT DISTINCT FROM EXCLUDED.max_per_second
+                      THEN q.tokens END,
+        changed_at = now(), changed_by = EXCLUDED.changed_by
+    WHERE (q.max_running, q.max_running_per_partition, q.max_per_second)
+          IS DISTINCT FROM (EXCLUDED.max_running, EXCLUDED.max_running_per_partition,
+                            EXCLUDED.max_per_second)
+    RETURNING queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+              max_per_second
+), ev AS (
+    INSERT INTO dl_queue_events (queue, kind, actor, payload)
+    SELECT queue, 'limits', :actor,
+           jsonb_build_object('max_running', max_running,
+                              'max_running_per_partition', max_running_per_partition,
+                              'max_per_second', max_per_second)
+    FROM changed
+)
+SELECT *, pg_notify('dl_jobs', queue) IS NULL AS woken FROM changed
+UNION ALL
+SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+       max_per_second, false FROM dl_queues
+WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
+""")
 
 #: A queue's audit log, oldest first: the entries after `:after` (an event_id), `:limit` at most.
 QUEUE_EVENTS: Final = Statement("""
@@ -1058,6 +1195,20 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone
+""")
+
+#: How many jobs PRUNE_JOBS would delete now, all batches together (`dataloader prune
+#: --dry-run`): a count over the same range of the finished jobs' index.
+COUNT_PRUNABLE_JOBS: Final = Statement("""
+SELECT count(*) FROM dl_jobs
+WHERE status = :status::dl_status AND finished_at IS NOT NULL
+  AND finished_at < now() - make_interval(secs => :after_sec::float8)
+""")
+
+#: How many heartbeat entries PRUNE_HEARTBEATS would delete now, all batches together.
+COUNT_PRUNABLE_HEARTBEATS: Final = Statement("""
+SELECT count(*) FROM dl_job_events
+WHERE kind = 'heartbeat' AND ts < now() - make_interval(secs => :after_sec::float8)
 """)
 
 #: The database's clock (every time dataloader decides on comes from it).

@@ -37,7 +37,7 @@ from dataloader.core.models import (
     NewJob,
 )
 from dataloader.core.transitions import JobFacts, Request, Transition
-from dataloader.exceptions import IdempotencyConflict, JobNotFound
+from dataloader.exceptions import IdempotencyConflict, JobNotFound, NotRetryable
 from dataloader.storage import queries
 from dataloader.storage.connections import Connections
 from dataloader.storage.db import AnyConnection, Connection
@@ -47,6 +47,18 @@ from dataloader.storage.transitions import Fence, apply_transitions, facts_of
 MAX_DECISIONS: Final = 20
 #: Pause before trying again when someone else held the job's row.
 BUSY_PAUSE_SEC: Final = 0.02
+#: Jobs a cancel or retry by filter reads at a time.
+BULK_PAGE: Final = 500
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a cancel or retry by filter did: the jobs it looked at (`matched`), those it
+    changed, and whether more jobs match beyond its limit."""
+
+    matched: int
+    changed: list[uuid.UUID]
+    more: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,15 +141,44 @@ class JobRepository:
         await self._decide(job_id, decide.on_retry)
         return await self._state(job_id)
 
+    async def cancel_matching(self, where: JobFilter, limit: int) -> BulkResult:
+        """Cancel, one by one, up to `limit` of the jobs matching `where`, newest first."""
+        return await self._each_matching(where, limit, decide.on_cancel)
+
+    async def retry_matching(self, where: JobFilter, limit: int) -> BulkResult:
+        """Retry, one by one, up to `limit` of the jobs matching `where` that can be retried,
+        newest first (the others are skipped)."""
+        return await self._each_matching(where, limit, _retry_if_retryable)
+
+    async def _each_matching(self, where: JobFilter, limit: int, rule: Any) -> BulkResult:
+        """Decide and write `rule` for each job matching `where`, `limit` at most, each fenced
+        on its own facts (a job finishing meanwhile is decided again, or skipped)."""
+        changed: builtins.list[uuid.UUID] = []
+        matched, cursor = 0, None
+        while matched < limit:
+            page = await self.list(where, min(BULK_PAGE, limit - matched), cursor)
+            for job in page.jobs:
+                try:
+                    if await self._decide(job.job_id, rule):
+                        changed.append(job.job_id)
+                except JobNotFound:  # pruned or deleted meanwhile: nothing to change
+                    pass
+            matched += len(page.jobs)
+            cursor = page.next_cursor
+            if cursor is None:
+                return BulkResult(matched, changed, more=False)
+        return BulkResult(matched, changed, more=True)
+
     async def _state(self, job_id: uuid.UUID) -> JobState:
         state = await self.get(job_id)
         if state is None:
             raise JobNotFound(f"job {job_id} not found")
         return state
 
-    async def _decide(self, job_id: uuid.UUID, rule: Any) -> None:
+    async def _decide(self, job_id: uuid.UUID, rule: Any) -> bool:
         """Read the job's facts, decide with `rule`, write fenced; again if the job changed
-        meanwhile (a worker finishing it now). JobNotFound if there is no such job."""
+        meanwhile (a worker finishing it now). Whether something was written (`rule` may
+        decide nothing); JobNotFound if there is no such job."""
         async with self.connections.connection() as conn:
             for _ in range(MAX_DECISIONS):
                 row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=job_id))
@@ -145,9 +186,19 @@ class JobRepository:
                     raise JobNotFound(f"job {job_id} not found")
                 facts = facts_of(row)
                 decision = rule(facts)
-                if decision is None or await _write(conn, job_id, facts, decision, self.actor):
-                    return
+                if decision is None:
+                    return False
+                if await _write(conn, job_id, facts, decision, self.actor):
+                    return True
         raise RuntimeError(f"job {job_id} kept changing; gave up after {MAX_DECISIONS} tries")
+
+
+def _retry_if_retryable(facts: JobFacts) -> Transition | None:
+    """`on_retry`, or nothing for a job that cannot be retried (a bulk retry skips it)."""
+    try:
+        return decide.on_retry(facts)
+    except NotRetryable:
+        return None
 
 
 async def _write(

@@ -124,6 +124,7 @@ class Slots:
                 continue
             locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
             running = self._rt.running[job.job_id] = RunningJob(job)
+            _count_start(job)
             size = self._batch_size_of(job.task)
             unit = filling.get(job.task)
             if unit is None or len(unit) >= size:
@@ -342,6 +343,7 @@ class QueueWorker(Slots):
             return
         if locked:
             self._rt.running[job.job_id] = RunningJob(job)
+            _count_start(job)
             if job.lease_ttl_sec / 3 < self._rt.beat_period:
                 self._rt.job_started.set()
             await self._execute_units([[self._rt.running[job.job_id]]], claimed_at)
@@ -553,6 +555,13 @@ def _raised(exc: BaseException, task: Task, duration_ms: int | None) -> Outcome:
         return Outcome(Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms)
     retryable = not isinstance(exc, (NonRetryableError, *task.non_retryable))
     return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms)
+
+
+def _count_start(job: ClaimedJob) -> None:
+    """A job's attempt starts in this process (metrics)."""
+    metrics.JOBS_STARTED.labels(job.queue, job.task).inc()
+    if job.waited_sec is not None:
+        metrics.JOB_WAIT.labels(job.queue).observe(max(0.0, job.waited_sec))
 
 
 def _log_failure(exc: BaseException | None) -> None:

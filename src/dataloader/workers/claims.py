@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from dataloader import metrics
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.runtime import WorkerRuntime
@@ -65,9 +66,10 @@ class QueueClaims:
         try:
             put_back = await self._put_back_due(now)
             self.started += 1
-            claim = await self._rt.protocol.claim_round(
-                self.queue, wanted, self._rt.worker_id, walk=max(wanted, self._walk)
-            )
+            with metrics.CLAIM_DURATION.labels(self.queue).time():
+                claim = await self._rt.protocol.claim_round(
+                    self.queue, wanted, self._rt.worker_id, walk=max(wanted, self._walk)
+                )
             self.answered += 1
             self._due_at = _due_at(now, claim.next_due_in)
             if put_back == 0 and self._due_at <= now:

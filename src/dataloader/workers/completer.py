@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from dataloader import metrics
 from dataloader.base import JobStatus
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
@@ -336,6 +337,9 @@ class Completer:
         self._rt.summary.count(job.queue, "no_longer_ours" if written is None else written.journal)
         if written is not None:
             self._rt.ended[job.queue, written.journal] += 1
+            metrics.count_ended(job.queue, job.task, written.journal)
+        if outcome.duration_ms is not None:
+            metrics.JOB_DURATION.labels(job.queue, job.task).observe(outcome.duration_ms / 1000)
         level, message, *args = _report(outcome, written)
         if not collision and not log.isEnabledFor(level):
             return  # binding the job's log context costs more than the rest of this

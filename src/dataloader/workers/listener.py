@@ -9,6 +9,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
+from dataloader import metrics
 from dataloader.storage import connections, queries
 from dataloader.storage.db import (
     CONNECTION_ERRORS,
@@ -76,6 +77,7 @@ class Listener:
             await conn.add_listener(queries.CANCEL_CHANNEL, self._notified)
             self._conn = conn
             self.connected.set()
+            metrics.LISTENER_UP.set(1)
             log.info("listening for notifications")
             self._on_connected()  # catch up on whatever was sent while we were away
             while not stopping.is_set():
@@ -88,6 +90,7 @@ class Listener:
                     raise
         finally:
             self.connected.clear()
+            metrics.LISTENER_UP.set(0)
             self._conn = None
             if self._closed.is_set():
                 self.reconnects += 1

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import Counter
 
+from dataloader import metrics
 from dataloader.core.transitions import on_expired
 from dataloader.storage.protocol import WorkerProtocol
 
@@ -64,6 +65,7 @@ class Reaper:
                 if job.job_id in applied and applied[job.job_id].state == "written":
                     written += 1
                     self._ended[job.queue, transition.journal] += 1
+                    metrics.count_ended(job.queue, job.task, transition.journal)
                     status = transition.status.value
                     totals[status] = totals.get(status, 0) + 1
                     log.warning("lease expired: job %s is now %s", job.job_id, status)

@@ -36,12 +36,16 @@ OPERATIONS = {
         "list_job_events",
         "retry_job",
         "cancel_job",
+        "cancel_jobs",
+        "retry_jobs",
+        "stream_job",
     },
     "queues": {
         "list_queues",
         "get_queue",
         "pause_queue",
         "resume_queue",
+        "set_queue_limits",
         "list_queue_events",
     },
     "tasks": {"list_tasks"},
@@ -50,7 +54,7 @@ OPERATIONS = {
 
 #: Operations whose answer the client hands back unparsed (`*_detailed` only): the Prometheus
 #: text of `/metrics`, and `/status`, whose answer declares no schema.
-UNPARSED = {"get_metrics", "get_status"}
+UNPARSED = {"get_metrics", "get_status", "stream_job"}
 
 #: What FastAPI names an operation without an explicit id: `{function}_{path}_{method}`.
 DEFAULT_OPERATION_ID = re.compile(r"api_v1|_(get|post|put|patch|delete)$")

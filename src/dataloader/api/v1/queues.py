@@ -12,9 +12,11 @@ from starlette.convertors import Convertor, register_url_convertor
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
+    ErrorResponse,
     Name,
     QueueEventResponse,
     QueueEventsResponse,
+    QueueLimitsBody,
     QueueListResponse,
     QueueSettingsResponse,
     QueueStatsResponse,
@@ -32,7 +34,7 @@ class _AnyText(Convertor[str]):
     the actions' suffixes: `GET …/etl/pause` is the pause action's path with the wrong method
     (405), not a queue named `etl/pause` (such a queue is steered from the client or CLI)."""
 
-    regex = "(?s:.+)(?<!/pause)(?<!/resume)"
+    regex = "(?s:.+)(?<!/pause)(?<!/resume)(?<!/limits)"
 
     def convert(self, value: str) -> str:
         return value
@@ -82,6 +84,24 @@ async def resume_queue(client: Queues, queue: QueueName, actor: Actor) -> QueueS
     """Resume a paused queue: its workers are woken and claim again. Recorded in the audit
     log; resuming a queue that is not paused changes nothing."""
     return _settings(await client.acting_as(actor).resume(queue))
+
+
+@router.put(
+    "/{queue:dl_any_text}/limits",
+    response_model=QueueSettingsResponse,
+    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    operation_id="set_queue_limits",
+    dependencies=[requires(Scope.admin)],
+)
+async def set_queue_limits(
+    client: Queues, queue: QueueName, body: QueueLimitsBody, actor: Actor
+) -> QueueSettingsResponse:
+    """Set a queue's limits, held across every replica: jobs running at once (in the queue,
+    and per partition_key) and jobs started per second; null removes a limit. Claims of a
+    queue with limits take turns across replicas so that the limits hold exactly. Recorded in
+    the audit log with the caller (when they change)."""
+    settings = await client.acting_as(actor).set_limits(queue, **body.model_dump())
+    return _settings(settings)
 
 
 @audit_router.get(

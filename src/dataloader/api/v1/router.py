@@ -5,13 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import StreamingResponse
 
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
     ErrorResponse,
     IdempotencyConflictResponse,
+    JobBulkRequest,
+    JobBulkResponse,
     JobEventsResponse,
     JobListQuery,
     JobListResponse,
@@ -65,6 +68,36 @@ async def list_jobs(query: Annotated[JobListQuery, Query()], service: Service) -
     return await service.list(query)
 
 
+@router.post(
+    "/cancel",
+    response_model=JobBulkResponse,
+    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    operation_id="cancel_jobs",
+    dependencies=[requires(Scope.admin)],
+)
+async def cancel_jobs(body: JobBulkRequest, service: Service, actor: Actor) -> JobBulkResponse:
+    """Cancel the jobs matching every filter given (at least one), newest first, `limit` at
+    most, each as `cancel_job` would (queued: canceled now; running: asked to stop; finished:
+    left). Filter on `status: queued` to go on, call after call, while `more` is true. Each
+    job's journal names the caller."""
+    return await service.cancel_many(body, actor)
+
+
+@router.post(
+    "/retry",
+    response_model=JobBulkResponse,
+    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    operation_id="retry_jobs",
+    dependencies=[requires(Scope.admin)],
+)
+async def retry_jobs(body: JobBulkRequest, service: Service, actor: Actor) -> JobBulkResponse:
+    """Retry the failed, lost and canceled jobs among those matching every filter given (at
+    least one, e.g. `{"queue": "etl", "status": "failed"}`), `limit` looked at, each as
+    `retry_job` would; jobs in other states are skipped. Each job's journal names the
+    caller."""
+    return await service.retry_many(body, actor)
+
+
 @router.get(
     "/{job_id}/status",
     response_model=JobStatusResponse,
@@ -92,6 +125,47 @@ async def events(
 ) -> JobEventsResponse:
     """A job's journal, oldest first: pass the last `event_id` seen as `after` to read on."""
     return await service.events(job_id, after, limit)
+
+
+@router.get(
+    "/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses={
+        **NOT_FOUND,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "Server-Sent Events until the job ends: `journal` (each entry of its"
+            " journal, its event_id as the event's id), `progress` and `end` (the job's status"
+            " then).",
+        },
+    },
+    operation_id="stream_job",
+    dependencies=[requires(Scope.read)],
+)
+async def stream(
+    job_id: uuid.UUID,
+    service: Service,
+    last_event_id: Annotated[
+        str,
+        Header(
+            pattern=r"^[0-9]{0,18}$",
+            description="Resume after this journal entry (what a reconnecting browser sends).",
+        ),
+    ] = "",
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="Start after this journal entry.")
+    ] = 0,
+) -> StreamingResponse:
+    """A job's journal and progress as Server-Sent Events, from its first entry (or after
+    `after`, or the `Last-Event-ID` a reconnecting browser sends) until it ends; the stream
+    closes after the `end` event. A running job's journal and progress are read every half
+    second; its end is heard at once."""
+    events = await service.stream(job_id, int(last_event_id) if last_event_id else after)
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.post(

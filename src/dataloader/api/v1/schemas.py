@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     WithJsonSchema,
+    model_validator,
 )
 
 from dataloader.base import JobStatus
@@ -65,6 +66,7 @@ MaxAttempts = Annotated[
 LeaseTtl = Annotated[
     int, Field(strict=True, ge=limits.LEASE_TTL_MIN, le=limits.LEASE_TTL_MAX), WholeNumber
 ]
+RunningLimit = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), WholeNumber]
 JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
 
 
@@ -181,6 +183,64 @@ class JobListQuery(BaseModel):
     )
 
 
+#: The filters of a cancel or retry by filter (one at least is given).
+BULK_FILTERS = (
+    "queue",
+    "status",
+    "task",
+    "lock_key",
+    "partition_key",
+    "created_from",
+    "created_until",
+    "finished_from",
+    "finished_until",
+)
+
+
+class JobBulkRequest(BaseModel):
+    """Which jobs a cancel or retry by filter takes: those matching every filter given (at
+    least one), newest first, `limit` at most."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"queue": "etl", "status": "failed", "limit": 1000}],
+            # at least one filter, as the schema says it
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in BULK_FILTERS
+            ],
+        },
+    )
+
+    queue: Name | None = None
+    status: JobStatus | None = None
+    task: Name | None = None
+    lock_key: Key | None = None
+    partition_key: PartitionKey | None = None
+    created_from: Instant | None = Field(None, description="Created at or after (RFC 3339).")
+    created_until: Instant | None = Field(None, description="Created before (RFC 3339).")
+    finished_from: Instant | None = Field(None, description="Finished at or after (RFC 3339).")
+    finished_until: Instant | None = Field(None, description="Finished before (RFC 3339).")
+    limit: int = Field(1000, ge=1, le=10_000, description="Jobs looked at, at most.")
+
+    @model_validator(mode="after")
+    def _some_filter(self) -> JobBulkRequest:
+        if not self.model_dump(exclude_none=True, exclude={"limit"}):
+            raise ValueError("give at least one filter (a change of every job is not offered)")
+        return self
+
+
+class JobBulkResponse(BaseModel):
+    """What a cancel or retry by filter did."""
+
+    matched: int = Field(description="Jobs looked at (matching the filters).")
+    changed: list[uuid.UUID] = Field(
+        description="The jobs canceled (or asked to stop), or retried."
+    )
+    more: bool = Field(description="More jobs match beyond `limit`: call again to go on.")
+
+
 class JobListResponse(BaseModel):
     """A page of jobs, newest first."""
 
@@ -239,6 +299,11 @@ class QueueStatsResponse(BaseModel):
                     "lost": 0,
                     "oldest_ready_age_sec": 12.5,
                     "paused": False,
+                    "limits": {
+                        "max_running": 10,
+                        "max_running_per_partition": None,
+                        "max_per_second": None,
+                    },
                     "paused_by": None,
                     "paused_at": None,
                     "workers": 2,
@@ -272,6 +337,7 @@ class QueueStatsResponse(BaseModel):
         " null when none is due."
     )
     paused: bool = Field(description="No worker claims its jobs (running ones finish).")
+    limits: QueueLimitsBody = Field(description="Its limits across every replica.")
     paused_by: str | None = Field(description="Who paused it (`token:<name>`, `api`, `cli` …).")
     paused_at: datetime | None
     workers: int = Field(description="Live processes that serve it.")
@@ -281,13 +347,37 @@ class QueueStatsResponse(BaseModel):
     )
 
 
+class QueueLimitsBody(BaseModel):
+    """A queue's limits across every replica; null (or left out): no such limit."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"max_running": 10, "max_running_per_partition": 1, "max_per_second": 5}]
+        },
+    )
+
+    max_running: RunningLimit | None = Field(
+        default=None, description="Jobs of the queue running at once."
+    )
+    max_running_per_partition: RunningLimit | None = Field(
+        default=None, description="Jobs of one partition_key of the queue running at once."
+    )
+    max_per_second: Annotated[float, Field(strict=True, ge=0.001, le=1_000_000)] | None = Field(
+        default=None,
+        description="Jobs started per second (bursts up to one second's worth).",
+    )
+
+
 class QueueSettingsResponse(BaseModel):
-    """Whether a queue is paused, and who changed that last (`pause_queue`, `resume_queue`)."""
+    """Whether a queue is paused, its limits, and who changed them last (`pause_queue`,
+    `resume_queue`, `set_queue_limits`)."""
 
     queue: str
     paused: bool
-    changed_at: datetime | None = Field(description="null: never paused.")
+    changed_at: datetime | None = Field(description="null: never changed.")
     changed_by: str | None = Field(description="`token:<name>`, `api`, `cli` …")
+    limits: QueueLimitsBody
 
 
 class QueueEventResponse(BaseModel):
@@ -296,7 +386,7 @@ class QueueEventResponse(BaseModel):
     event_id: int = Field(description="Increasing: pass the last one seen as `after`.")
     queue: str
     ts: datetime
-    kind: str = Field(description="paused or resumed.")
+    kind: str = Field(description="paused, resumed or limits.")
     actor: str = Field(description="Who: `token:<name>`, `api`, `cli`, or a library's client.")
     payload: dict[str, Any]
 

@@ -4,6 +4,7 @@ refusing tasks no live process knows, and triggers that break the contract (DL_C
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 
 from dataloader.api.live import LiveTasks, describe_known
@@ -14,6 +15,8 @@ from dataloader.core.models import JobState, NewJob
 from dataloader.exceptions import JobNotFound, UnknownTask
 
 from .schemas import (
+    JobBulkRequest,
+    JobBulkResponse,
     JobEventResponse,
     JobEventsResponse,
     JobListQuery,
@@ -22,6 +25,9 @@ from .schemas import (
     TriggerRequest,
     TriggerResponse,
 )
+
+#: A stream says something at least this often (a comment), so that proxies keep it open.
+SSE_KEEPALIVE_SEC = 15.0
 
 
 class JobsService:
@@ -86,6 +92,36 @@ class JobsService:
         if not events and await self._client.get(job_id) is None:
             raise JobNotFound("job not found")
         return JobEventsResponse(events=[JobEventResponse(**asdict(e)) for e in events])
+
+    async def cancel_many(self, request: JobBulkRequest, actor: str) -> JobBulkResponse:
+        """Cancel the jobs matching the request's filters."""
+        done = await self._client.acting_as(actor).cancel_many(**request.model_dump())
+        return JobBulkResponse(matched=done.matched, changed=done.changed, more=done.more)
+
+    async def retry_many(self, request: JobBulkRequest, actor: str) -> JobBulkResponse:
+        """Retry the retryable jobs matching the request's filters."""
+        done = await self._client.acting_as(actor).retry_many(**request.model_dump())
+        return JobBulkResponse(matched=done.matched, changed=done.changed, more=done.more)
+
+    async def stream(self, job_id: uuid.UUID, after: int) -> AsyncIterator[str]:
+        """The job's updates as Server-Sent Events until it ends: `journal` (each entry, its
+        `event_id` as the event's id), `progress`, then `end` (its final status); a comment
+        every SSE_KEEPALIVE_SEC of silence. JobNotFound before anything is sent if there is
+        no such job."""
+        if await self._client.get(job_id) is None:
+            raise JobNotFound("job not found")
+        return self._events(job_id, after)
+
+    async def _events(self, job_id: uuid.UUID, after: int) -> AsyncIterator[str]:
+        async for update in self._client.follow(job_id, after=after, idle_sec=SSE_KEEPALIVE_SEC):
+            if update.event is not None:
+                body = JobEventResponse(**asdict(update.event)).model_dump_json()
+                yield f"id: {update.event.event_id}\nevent: journal\ndata: {body}\n\n"
+            elif update.state is not None:
+                body = _response(update.state).model_dump_json()
+                yield f"event: {update.kind}\ndata: {body}\n\n"
+            else:
+                yield ": keep-alive\n\n"
 
     async def retry(self, job_id: uuid.UUID, actor: str) -> JobStatusResponse:
         """A failed, lost or canceled job back to the queue (NotRetryable otherwise)."""

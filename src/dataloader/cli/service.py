@@ -1,6 +1,5 @@
-"""The `dataloader` command (also `python -m dataloader`): `serve` (the default when no command
-is given), `worker` (the workers without the HTTP API), `migrate`, and `contract export | check
-| generate` (queue contracts, `dataloader.contract`).
+"""The service's commands: `serve` (the HTTP API, the workers and maintenance; the default
+when no command is given), `worker` (the workers without the HTTP API) and `migrate`.
 
 Start-up problems (bad settings, unreachable database, unknown pipeline module) end the process
 with one line on stderr and a non-zero exit code, never a traceback.
@@ -10,37 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import logging
 import signal
 import socket
 from collections.abc import Callable
-from importlib.metadata import version
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 import uvicorn
 
-from dataloader.config import Settings, load_settings
+from dataloader.cli.common import fail, import_pipelines, load
+from dataloader.config import Settings
 from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
-from dataloader.contract import (
-    Contract,
-    ContractError,
-    check_contract,
-    dump_contract,
-    export_contract,
-    generate_code,
-    load_contract_file,
-)
+from dataloader.contract import ContractError
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
-from dataloader.logger.utils import mask_dsn, mask_text
+from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.storage.migrate import MigrationReport
-from dataloader.workers.pipelines.registry import TaskRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -48,60 +35,8 @@ if TYPE_CHECKING:
     from dataloader.runner import Runner
     from dataloader.workers.manager import WorkerManager
 
-log = logging.getLogger(__name__)
-
-app = typer.Typer(add_completion=False)
-
-#: Always registered: used by the README and the tests.
-BUILTIN_PIPELINES = ("dataloader.workers.pipelines.demo",)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"dataloader: {mask_text(message)}", err=True)
-    raise typer.Exit(code)
-
-
-def _settings(**overrides: Any) -> Settings:
-    try:
-        return load_settings(**overrides)
-    except ConfigError as exc:
-        _fail(f"invalid configuration: {exc}", 2)
-
-
-def import_pipelines(modules: list[str]) -> None:
-    """Import the modules that register pipelines; ConfigError names the culprit."""
-    for module in (*BUILTIN_PIPELINES, *modules):
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # any import-time failure is a configuration problem here
-            raise ConfigError(
-                f"DL_PIPELINE_MODULES: cannot import {module!r}: {type(exc).__name__}: {exc}"
-            ) from None
-
-
-def _print_version(requested: bool) -> None:
-    if requested:
-        typer.echo(f"dataloader {version('dataloader')}")
-        raise typer.Exit()
-
-
-@app.callback(invoke_without_command=True)
-def _program(
-    ctx: typer.Context,
-    show_version: bool = typer.Option(
-        False,
-        "--version",
-        help="Print the version and exit.",
-        callback=_print_version,
-        is_eager=True,
-    ),
-) -> None:
-    """PostgreSQL job queue and job runner. Without a command: serve.
-
-    Configured by environment variables (DL_DB_DSN, WORKERS_JSON, DL_PIPELINE_MODULES …, see
-    the README) or a .env file in the working directory."""
-    if ctx.invoked_subcommand is None:
-        serve()
+#: The start-up lines keep the name they have always had (the README shows one).
+log = logging.getLogger("dataloader.cli")
 
 
 def _stopped_by_signal(signum: int, frame: FrameType | None) -> NoReturn:
@@ -154,7 +89,7 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
         )
     except OSError as exc:
         reason = (exc.strerror or str(exc)).lower()
-        _fail(f"cannot listen on {_address(host, port)} (DL_HTTP_HOST, DL_HTTP_PORT): {reason}", 1)
+        fail(f"cannot listen on {_address(host, port)} (DL_HTTP_HOST, DL_HTTP_PORT): {reason}", 1)
 
 
 def _address(host: str, port: int) -> str:
@@ -197,25 +132,24 @@ def _hurry_workers(application: FastAPI) -> None:
         manager.hurry()
 
 
-@app.command()
 def serve() -> None:
     """Run the HTTP API, the workers and the reaper in this process."""
     from dataloader.api import create_app  # FastAPI is only needed to serve
 
-    settings = _settings()
+    settings = load()
     configure_logging(settings.log_level)
     listening = _listen(settings.http_host, settings.http_port, settings.http_reuse_port)
     try:
         import_pipelines(settings.pipeline_modules)
         settings = asyncio.run(_prepare_database(settings))
     except ConfigError as exc:
-        _fail(f"invalid configuration: {exc}", 2)
+        fail(f"invalid configuration: {exc}", 2)
     except DataloaderError as exc:
-        _fail(str(exc), 1)
+        fail(str(exc), 1)
     try:
         application = create_app(settings)
     except ContractError as exc:
-        _fail(f"invalid configuration: DL_CONTRACT_FILE: {exc}", 2)
+        fail(f"invalid configuration: DL_CONTRACT_FILE: {exc}", 2)
     server = _Server(
         uvicorn.Config(
             application,
@@ -235,10 +169,9 @@ def serve() -> None:
     log.info("API on http://%s", _address(settings.http_host, settings.http_port))
     server.run(sockets=[listening])
     if not server.started:
-        _fail("the service failed to start (see the log above)", 1)
+        fail("the service failed to start (see the log above)", 1)
 
 
-@app.command()
 def worker(
     drain: bool = typer.Option(
         False,
@@ -265,19 +198,19 @@ def worker(
     """
     # A worker serves no HTTP: the API's own settings must not stop it (an open
     # DL_HTTP_HOST without tokens is a concern of `serve` only).
-    settings = _settings(allow_unauthenticated=True)
+    settings = load(allow_unauthenticated=True)
     configure_logging(settings.log_level)
     if not settings.workers:
-        _fail("invalid configuration: WORKERS_JSON: lists no queue, so there is no work", 2)
+        fail("invalid configuration: WORKERS_JSON: lists no queue, so there is no work", 2)
     try:
         import_pipelines(settings.pipeline_modules)
         drained = asyncio.run(_work(settings, drain))
     except ConfigError as exc:
-        _fail(f"invalid configuration: {exc}", 2)
+        fail(f"invalid configuration: {exc}", 2)
     except DataloaderError as exc:
-        _fail(str(exc), 1)
+        fail(str(exc), 1)
     if drain and not drained:
-        _fail("stopped by a signal before the queues were drained", 1)
+        fail("stopped by a signal before the queues were drained", 1)
 
 
 class _StopSignals:
@@ -353,15 +286,14 @@ async def _until_stopped(runner: Runner, stop: _StopSignals, drain: bool) -> boo
     return True
 
 
-@app.command()
 def migrate() -> None:
     """Bring the database schema up to date (idempotent, safe to run from several replicas)."""
-    settings = _settings()
+    settings = load()
     configure_logging(settings.log_level)
     try:
         report = asyncio.run(_migrate(settings))
     except DataloaderError as exc:
-        _fail(str(exc), 1)
+        fail(str(exc), 1)
     typer.echo(
         f"schema at version {report.current}"
         f" (applied: {report.applied or 'none'}, adopted: {report.adopted or 'none'})"
@@ -370,73 +302,3 @@ def migrate() -> None:
 
 async def _migrate(settings: Settings) -> MigrationReport:
     return await run_migrations(await resolve_dsn(settings))
-
-
-contract_app = typer.Typer(
-    help="Queue contracts: a YAML file of queues, tasks, options and args fields.",
-    no_args_is_help=True,
-)
-app.add_typer(contract_app, name="contract")
-ContractFile = Annotated[Path, typer.Argument(help="The contract file.")]
-OutFile = Annotated[Path | None, typer.Option("--out", "-o", help="Write here, not to stdout.")]
-
-
-@contract_app.command("export")
-def contract_export(out: OutFile = None) -> None:
-    """Write the contract of the tasks your modules register (DL_PIPELINE_MODULES; the
-    built-in demo tasks left out): their queues, options and args fields."""
-    _write(dump_contract(export_contract(_user_tasks())), out)
-
-
-@contract_app.command("check")
-def contract_check(file: ContractFile) -> None:
-    """Whether the tasks your modules register still honour FILE: exit 0 (additions are
-    listed as notes), or 1 with one line per breaking change (a task, field or option that
-    producers following FILE rely on, gone or changed). A gate for CI."""
-    findings = check_contract(_read_contract(file), _user_tasks())
-    for finding in findings:
-        typer.echo(str(finding))
-    breaking = sum(finding.breaking for finding in findings)
-    if breaking:
-        _fail(f"{file}: {breaking} breaking change(s)", 1)
-    typer.echo(f"{file}: honoured ({len(findings)} addition(s))")
-
-
-@contract_app.command("generate")
-def contract_generate(file: ContractFile, out: OutFile = None) -> None:
-    """Write a Python module from FILE: a pydantic model of each task's args and a handler
-    stub registered with its queue and options."""
-    _write(generate_code(_read_contract(file)), out)
-
-
-def _user_tasks() -> TaskRegistry:
-    """The tasks DL_PIPELINE_MODULES registers (not the built-in demo tasks)."""
-    settings = _settings()
-    try:
-        import_pipelines(settings.pipeline_modules)
-    except ConfigError as exc:
-        _fail(str(exc), 2)
-    return default_registry.only(lambda task: task.handler.__module__ not in BUILTIN_PIPELINES)
-
-
-def _read_contract(file: Path) -> Contract:
-    try:
-        return load_contract_file(file)
-    except ContractError as exc:
-        _fail(str(exc), 2)
-
-
-def _write(text: str, out: Path | None) -> None:
-    if out is None:
-        typer.echo(text, nl=False)
-        return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        _fail(f"cannot write {out}: {exc.strerror or exc}", 2)
-
-
-def main() -> None:
-    """Entry point of the `dataloader` script and of `python -m dataloader` (click names the
-    program in usage lines after the way it was started)."""
-    app()

@@ -1,0 +1,81 @@
+"""The `dataloader` command (also `python -m dataloader`), one module per group of commands:
+
+* `service.py`: `serve` (the default when no command is given), `worker`, `migrate`;
+* `contracts.py`: `contract export | check | generate` (queue contracts);
+* `jobs.py`, `watch.py`: `enqueue`, `jobs`, `cancel`, `retry`, `watch`;
+* `queues.py`: `queues`, `pause`, `resume`, `limits`;
+* `status.py`, `maintenance.py`: `status`, `prune`.
+
+The operators' commands (all but the service's and the contracts') go through
+`dataloader.Client`, as the HTTP API and the library do; each takes `--json`. `common.py` holds
+what all share (settings, exit codes, one-line errors), `output.py` how they print.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import typer
+
+from dataloader.cli import jobs, maintenance, queues, service, status, watch
+from dataloader.cli.common import BUILTIN_PIPELINES, ExitCode, import_pipelines
+from dataloader.cli.contracts import contract_app
+
+__all__ = ["BUILTIN_PIPELINES", "ExitCode", "app", "import_pipelines", "main"]
+
+app = typer.Typer(add_completion=False)
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"dataloader {version('dataloader')}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _program(
+    ctx: typer.Context,
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and exit.",
+        callback=_print_version,
+        is_eager=True,
+    ),
+) -> None:
+    """PostgreSQL job queue and job runner. Without a command: serve.
+
+    Configured by environment variables (DL_DB_DSN, WORKERS_JSON, DL_PIPELINE_MODULES …, see
+    the README) or a .env file in the working directory.
+
+    Exit codes of the operators' commands: 0 done; 1 the request failed (no such job, not
+    retryable, invalid input); 2 a usage error or an invalid setting; 3 the database cannot
+    be reached; 4 the job ended failed, canceled or lost (enqueue --wait, watch); 5 the job
+    had not ended within --timeout (enqueue --wait)."""
+    if ctx.invoked_subcommand is None:
+        service.serve()
+
+
+_SERVICE, _JOBS, _QUEUES, _SYSTEM = "Service", "Jobs", "Queues", "System"
+
+app.command(rich_help_panel=_SERVICE)(service.serve)
+app.command(rich_help_panel=_SERVICE)(service.worker)
+app.command(rich_help_panel=_SERVICE)(service.migrate)
+app.add_typer(contract_app, name="contract", rich_help_panel=_SERVICE)
+app.command(rich_help_panel=_JOBS)(jobs.enqueue)
+app.command(rich_help_panel=_JOBS)(jobs.jobs)
+app.command(rich_help_panel=_JOBS)(watch.watch)
+app.command(rich_help_panel=_JOBS)(jobs.cancel)
+app.command(rich_help_panel=_JOBS)(jobs.retry)
+app.command(rich_help_panel=_QUEUES)(queues.queues)
+app.command(rich_help_panel=_QUEUES)(queues.pause)
+app.command(rich_help_panel=_QUEUES)(queues.resume)
+app.command(rich_help_panel=_QUEUES)(queues.limits)
+app.command(rich_help_panel=_SYSTEM)(status.status)
+app.command(rich_help_panel=_SYSTEM)(maintenance.prune)
+
+
+def main() -> None:
+    """Entry point of the `dataloader` script and of `python -m dataloader` (click names the
+    program in usage lines after the way it was started)."""
+    app()

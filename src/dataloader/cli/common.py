@@ -1,0 +1,164 @@
+"""What the commands share: settings, exit codes and one-line errors, the tasks' modules, and
+(for the operators' commands) a client on the queue's database with every failure it can meet
+turned into one line and an exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from enum import IntEnum
+from typing import Annotated, Any, Final, NoReturn
+
+import typer
+
+from dataloader.client import Client
+from dataloader.config import Settings, env_name, load_settings
+from dataloader.context import resolve_dsn
+from dataloader.exceptions import ConfigError, DatabaseUnavailable, DataloaderError
+from dataloader.logger.utils import mask_text
+from dataloader.storage import db
+from dataloader.storage.connections import GuardedPool
+from dataloader.workers.pipelines.registry import TaskRegistry
+
+#: Always registered: used by the README and the tests.
+BUILTIN_PIPELINES = ("dataloader.workers.pipelines.demo",)
+
+#: Who the operators' commands record as having acted (the journal's `by`, the queue audit
+#: log's `actor`), unless `--as` names someone else.
+CLI_ACTOR: Final = "cli"
+
+#: How the operators' connections appear in `pg_stat_activity`.
+APPLICATION_NAME: Final = "dataloader-cli"
+
+
+class ExitCode(IntEnum):
+    """What the exit status of a command means (documented in the README)."""
+
+    OK = 0
+    #: The request failed: no such job, a job that cannot be retried, invalid input, a
+    #: database without dataloader's schema (and every start-up failure of serve, worker and
+    #: migrate, which predate the codes below).
+    REQUEST = 1
+    #: A usage error (Typer's: an unknown option, a missing argument) or an invalid setting.
+    USAGE = 2
+    #: The database cannot be reached, or stopped answering.
+    DATABASE = 3
+    #: `enqueue --wait`, `watch`: the job ended failed, canceled or lost.
+    JOB_NOT_SUCCEEDED = 4
+    #: `enqueue --wait --timeout`: the job had not ended when the timeout ran out.
+    STILL_RUNNING = 5
+    #: Ctrl+C (128 + SIGINT, as shells report it).
+    INTERRUPTED = 130
+
+
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print one JSON document on stdout (dates in ISO 8601) instead of tables.",
+    ),
+]
+ActorOption = Annotated[
+    str,
+    typer.Option(
+        "--as",
+        metavar="NAME",
+        help="Who the job's journal or the queue's audit log names as having done it.",
+    ),
+]
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """End the command: one line on stderr (secrets masked) and exit `code`."""
+    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+    raise typer.Exit(code)
+
+
+def load(**overrides: Any) -> Settings:
+    """The settings; a bad value ends the command (exit 2) with one line naming it."""
+    try:
+        return load_settings(**overrides)
+    except ConfigError as exc:
+        fail(f"invalid configuration: {exc}", ExitCode.USAGE)
+
+
+def operator_settings() -> Settings:
+    """The settings of an operators' command. It serves no HTTP: the API's own settings (an
+    open DL_HTTP_HOST without tokens) must not stop it."""
+    return load(allow_unauthenticated=True)
+
+
+def import_pipelines(modules: list[str]) -> None:
+    """Import the modules that register pipelines; ConfigError names the culprit."""
+    for module in (*BUILTIN_PIPELINES, *modules):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any import-time failure is a configuration problem here
+            raise ConfigError(
+                f"DL_PIPELINE_MODULES: cannot import {module!r}: {type(exc).__name__}: {exc}"
+            ) from None
+
+
+def run(operation: Coroutine[Any, Any, int]) -> NoReturn:
+    """Run an operators' command and exit with the code it returns. What it raises ends it
+    with one line on stderr, never a traceback: an invalid setting (2), an unreachable or
+    silent database (3), a refused request (1)."""
+    try:
+        code = asyncio.run(operation)
+    except KeyboardInterrupt:
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    except ConfigError as exc:
+        fail(f"invalid configuration: {exc}", ExitCode.USAGE)
+    except DatabaseUnavailable as exc:
+        fail(str(exc), ExitCode.DATABASE)
+    except db.CONNECTION_ERRORS as exc:  # lost (or silent) after the connection was made
+        fail(f"the database stopped answering: {_line(exc)}", ExitCode.DATABASE)
+    except (DataloaderError, ValueError) as exc:  # the library's refusals of a request
+        fail(str(exc), ExitCode.REQUEST)
+    raise typer.Exit(code)
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's message on one line (its type when it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+async def queue_dsn(settings: Settings) -> str:
+    """The queue's database: DL_DB_DSN, or the embedded server whose data lies under
+    DL_DATA_DIR (as `migrate` finds it). Without either, ConfigError: an operators' command
+    must not create an empty embedded server (initdb) only to find no job in it."""
+    if settings.asyncpg_dsn is None and not (settings.data_dir / "pgdata").is_dir():
+        raise ConfigError(
+            f"{env_name('db_dsn')} is not set, and {env_name('data_dir')}"
+            f" ({settings.data_dir}) holds no embedded server: set {env_name('db_dsn')} to"
+            " the queue's database"
+        )
+    return await resolve_dsn(settings)
+
+
+@asynccontextmanager
+async def connected(
+    settings: Settings, actor: str = CLI_ACTOR, registry: TaskRegistry | None = None
+) -> AsyncIterator[Client]:
+    """A client on the queue's database, its changes recorded as done by `actor`."""
+    async with Client.connect(
+        await queue_dsn(settings), settings=settings, registry=registry
+    ) as client:
+        yield client.acting_as(actor)
+
+
+@asynccontextmanager
+async def inspected(settings: Settings) -> AsyncIterator[tuple[Client, GuardedPool]]:
+    """A client, and a pool for what the client does not read (maintenance's leases and
+    runs, live processes, the queue table's health), opened once the client has found the
+    database reachable and migrated."""
+    dsn = await queue_dsn(settings)
+    async with Client.connect(dsn, settings=settings, pool_size=2) as client:
+        timeout = settings.db_timeout_sec
+        pool = await db.create_pool(db.libpq_dsn(dsn), 2, APPLICATION_NAME, timeout)
+        try:
+            yield client.acting_as(CLI_ACTOR), GuardedPool(pool, timeout)
+        finally:
+            await pool.close()

@@ -1,0 +1,174 @@
+"""`status`: what `GET /status` shows of the whole system, read from the database: each
+queue's jobs, the live processes, who leads maintenance and how its chores last ran, the
+schedules, the queue table's health, and warnings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from dataloader.cli.common import ExitCode, JsonOption, inspected, operator_settings, run
+from dataloader.cli.output import cell, console, duration, print_json, table, when
+from dataloader.config import Settings
+from dataloader.health import warnings_of
+from dataloader.maintenance.leader import MAINTENANCE_LEASE
+from dataloader.storage.admin import AdminStore
+from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.storage.presence import PresenceStore
+
+
+def status(as_json: JsonOption = False) -> None:
+    """The whole system at a glance, with warnings (what GET /status shows).
+
+    Per queue its jobs queued, running, failed and lost and whether it is paused; the live
+    processes; the process leading maintenance, the last run of the reaper, pruner and cron
+    scheduler, each schedule's last slot; the queue table's dead rows and the oldest open
+    transaction; and warnings (a queue with ready jobs that no live process serves, a
+    transaction keeping vacuum from the queue table, a maintenance run that failed, nobody
+    leading maintenance). Exit 0 whatever the warnings."""
+    run(_status(operator_settings(), as_json))
+
+
+async def _status(settings: Settings, as_json: bool) -> int:
+    report = await read_status(settings)
+    if as_json:
+        print_json(report)
+    else:
+        _show(report)
+    return ExitCode.OK
+
+
+async def read_status(settings: Settings) -> dict[str, Any]:
+    """The status document: /status's, less what only a serving process knows of itself
+    (its own workers and whether it leads)."""
+    async with inspected(settings) as (client, pool):
+        presence, store = PresenceStore(pool), MaintenanceStore(pool)
+        stats = await client.stats()
+        health = await AdminStore(pool).maintenance()
+        live = await presence.live_workers()
+        ready = await presence.ready_queues()
+        leases = await store.leases()
+        runs = await store.runs()
+        cron = await store.cron_state()
+    warnings = warnings_of(ready, live, health, runs, leases, settings)  # as /status
+    leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
+    return {
+        "database": "ok",
+        "queues": {
+            name: {
+                "queued": s.ready + s.waiting + s.delayed,
+                "running": s.running,
+                "failed": s.failed,
+                "lost": s.lost,
+                "paused": s.paused,
+            }
+            for name, s in stats.items()
+        },
+        "live_workers": [asdict(worker) for worker in live],
+        "maintenance": {
+            "leader": None if leader is None else asdict(leader),
+            "runs": {chore.task: asdict(chore) for chore in runs},
+            "cron": [asdict(schedule) for schedule in cron.values()],
+        },
+        **health,
+        "warnings": warnings,
+    }
+
+
+def _show(report: dict[str, Any]) -> None:
+    out = console()
+    _show_queues(out, report["queues"])
+    _show_workers(out, report["live_workers"])
+    _show_maintenance(out, report["maintenance"])
+    _show_health(out, report)
+    for warning in report["warnings"]:
+        out.print(Text(f"warning: {warning}", style="yellow"))
+    if not report["warnings"]:
+        out.print(Text("no warnings", style="green"))
+
+
+def _show_queues(out: Console, queues: dict[str, dict[str, Any]]) -> None:
+    if not queues:
+        out.print("queues: none holds jobs, is paused, served or was busy in the last hour")
+        return
+    grid = table("queue", "queued", "running", "failed", "lost", "paused", title="queues")
+    for column in grid.columns[1:5]:
+        column.justify = "right"
+    for name, q in queues.items():
+        counts = (q["queued"], q["running"], q["failed"], q["lost"])
+        grid.add_row(cell(name), *(cell(n) for n in counts), cell(q["paused"]))
+    out.print(grid)
+
+
+def _show_workers(out: Console, workers: list[dict[str, Any]]) -> None:
+    if not workers:
+        out.print("live workers: none")
+        return
+    grid = table("worker", "host", "pid", "version", "queues (slots)", "seen", title="live workers")
+    for w in workers:
+        served = ", ".join(f"{queue} ({slots})" for queue, slots in w["queues"].items())
+        grid.add_row(
+            cell(w["worker_id"]),
+            cell(w["host"]),
+            cell(w["pid"]),
+            cell(w["version"]),
+            cell(served or None),
+            cell(f"{duration(w['seen_ago_sec'])} ago"),
+        )
+    out.print(grid)
+
+
+def _show_maintenance(out: Console, maintenance: dict[str, Any]) -> None:
+    leader = maintenance["leader"]
+    if leader is None or not leader["valid"]:
+        out.print("maintenance: nobody leads it")
+    else:
+        out.print(
+            Text(
+                f"maintenance: led by {leader['holder']} (lease until {when(leader['expires_at'])})"
+            )
+        )
+    if maintenance["runs"]:
+        grid = table("chore", "by", "last run", "took", "runs", "outcome", title="last runs")
+        for task, r in maintenance["runs"].items():
+            took = (r["finished_at"] - r["started_at"]).total_seconds()
+            outcome = Text("ok", style="green") if r["ok"] else Text(r["error"] or "failed", "red")
+            grid.add_row(
+                cell(task),
+                cell(r["holder"]),
+                cell(f"{duration(r['ago_sec'])} ago"),
+                cell(duration(took)),
+                cell(r["runs"]),
+                outcome,
+            )
+        out.print(grid)
+    if maintenance["cron"]:
+        grid = table("schedule", "cron", "task", "queue", "last slot", title="schedules")
+        for c in maintenance["cron"]:
+            row = (c["name"], c["schedule"], c["task"], c["queue"], c["last_slot"])
+            grid.add_row(*(cell(value) for value in row))
+        out.print(grid)
+
+
+def _show_health(out: Console, report: dict[str, Any]) -> None:
+    table_health = report["queue_table"]
+    if table_health is not None:
+        vacuum = table_health["last_vacuum"]
+        out.print(
+            Text(
+                f"queue table: {table_health['live_tuples']} live rows,"
+                f" {table_health['dead_tuples']} dead, last vacuum"
+                f" {'never' if vacuum is None else when(vacuum)}"
+            )
+        )
+    oldest = report["oldest_transaction"]
+    if oldest is not None:
+        out.print(
+            Text(
+                f"oldest transaction: {duration(oldest['age_sec'])} (pid {oldest['pid']},"
+                f" {oldest['state']}, application {oldest['application_name']!r})"
+            )
+        )

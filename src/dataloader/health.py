@@ -1,0 +1,67 @@
+"""What /status and `dataloader status` warn of: queues nobody serves, a transaction keeping
+vacuum from the queue table, maintenance failing or led by nobody. Decided from what was read,
+without I/O, so both say the same in the same words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataloader.config import Settings
+from dataloader.maintenance.leader import MAINTENANCE_LEASE
+from dataloader.storage.maintenance import Lease, MaintenanceRun
+from dataloader.storage.presence import LiveWorker
+
+
+def warnings_of(
+    ready: list[str],
+    live: list[LiveWorker],
+    table: dict[str, Any],
+    runs: list[MaintenanceRun],
+    leases: list[Lease],
+    settings: Settings,
+) -> list[str]:
+    """Every warning: `ready` (queues with ready jobs), `live` (live processes), `table` (the
+    queue table's health, `AdminStore.maintenance`), the maintenance runs and leases."""
+    return (
+        unserved_warnings(ready, live)
+        + vacuum_warnings(table, settings.long_transaction_sec)
+        + maintenance_warnings(runs, leases, live, settings)
+    )
+
+
+def maintenance_warnings(
+    runs: list[MaintenanceRun], leases: list[Lease], live: list[LiveWorker], settings: Settings
+) -> list[str]:
+    """Maintenance that fails, or that nobody runs while workers are live."""
+    warnings = [f"the last {r.task} run failed: {r.error}" for r in runs if not r.ok]
+    leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
+    if any(worker.queues for worker in live) and (leader is None or not leader.valid):
+        warnings.append(
+            "no process leads maintenance (reaper, pruner, cron): the next one to bid takes"
+            f" it within {settings.leader_lease_sec:g}s"
+        )
+    return warnings
+
+
+def unserved_warnings(ready: list[str], live: list[LiveWorker]) -> list[str]:
+    """Queues with ready jobs that no live process serves: they would wait forever."""
+    served = {queue for worker in live for queue in worker.queues}
+    return [
+        f"queue {queue!r} has ready jobs and no live worker serves it"
+        for queue in ready
+        if queue not in served
+    ]
+
+
+def vacuum_warnings(maintenance: dict[str, Any], limit_sec: float) -> list[str]:
+    """Why the queue table may be bloating: a transaction open too long."""
+    oldest = maintenance["oldest_transaction"]
+    if oldest is None or oldest["age_sec"] < limit_sec:
+        return []
+    table = maintenance["queue_table"] or {}
+    return [
+        f"a transaction has been open for {oldest['age_sec']:.0f}s (pid {oldest['pid']},"
+        f" {oldest['state']}, application {oldest['application_name']!r}): vacuum cannot"
+        f" remove the queue table's dead rows ({table.get('dead_tuples', '?')} now) until it"
+        " ends"
+    ]
