@@ -4,12 +4,28 @@ without I/O, so both say the same in the same words."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dataloader.config import Settings
+from dataloader.core.models import QueueStats
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.maintenance import Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
+
+
+def queue_summary(stats: Mapping[str, QueueStats]) -> dict[str, dict[str, Any]]:
+    """{queue: its jobs queued, running, failed and lost, and whether it is paused}."""
+    return {
+        name: {
+            "queued": s.ready + s.waiting + s.delayed,
+            "running": s.running,
+            "failed": s.failed,
+            "lost": s.lost,
+            "paused": s.paused,
+        }
+        for name, s in stats.items()
+    }
 
 
 def warnings_of(

@@ -203,3 +203,29 @@ async def test_a_page_of_jobs_is_read_in_order_from_an_index(
         assert "Seq Scan" not in plan, plan
     finally:
         await conn.close()
+
+
+async def test_a_queue_with_few_jobs_of_a_status_is_listed_from_the_status_index(
+    db_dsn: str,
+) -> None:
+    """A queue and status matching few jobs: read from the (status, queue) index, not by
+    walking the newest jobs of every queue for matches that may never come."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, finished_at)"
+            " SELECT gen_random_uuid(), 'q' || (i % 10),  't', 'key-' || i,"
+            " CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, now()"
+            " FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        found = await conn.fetchval(
+            *queries.STATUS_QUEUE_PROBE.bind(status="failed", queue="q3", probe=5000)
+        )
+        assert found == 0  # every failed job is in q0
+        statement = queries.list_jobs(frozenset({"queue", "status"}), narrow=True)
+        plan = await plan_of(conn, *statement.bind(queue="q3", status="failed", limit=101))
+        assert "ix_dl_jobs_status_queue" in plan, plan
+        assert "ix_dl_jobs_created" not in plan, plan
+    finally:
+        await conn.close()

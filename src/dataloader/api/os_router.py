@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
-from dataloader.health import warnings_of
+from dataloader.health import queue_summary, warnings_of
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import MaintenanceRun, MaintenanceStore
@@ -103,16 +103,7 @@ async def status(request: Request) -> JSONResponse:
     body.update(
         status="ok",
         database="ok",
-        queues={
-            name: {
-                "queued": s.ready + s.waiting + s.delayed,
-                "running": s.running,
-                "failed": s.failed,
-                "lost": s.lost,
-                "paused": s.paused,
-            }
-            for name, s in stats.items()
-        },
+        queues=queue_summary(stats),
         live_workers=[_live_worker(worker) for worker in live],
         maintenance={
             "leader": next(

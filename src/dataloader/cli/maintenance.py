@@ -46,19 +46,8 @@ def prune(
     run(_prune(operator_settings(), dry_run, actor, as_json))
 
 
-def retention_of(settings: Settings) -> Retention:
-    """The retention the settings ask for."""
-    return Retention(
-        succeeded_sec=settings.prune_succeeded_after_sec,
-        canceled_sec=settings.prune_canceled_after_sec,
-        failed_sec=settings.prune_failed_after_sec,
-        lost_sec=settings.prune_lost_after_sec,
-        heartbeats_sec=settings.prune_heartbeats_after_sec,
-    )
-
-
 async def _prune(settings: Settings, dry_run: bool, actor: str, as_json: bool) -> int:
-    retention = retention_of(settings)
+    retention = Retention.of(settings)
     async with inspected(settings) as (_, pool):
         store = MaintenanceStore(pool)
         if dry_run:

@@ -13,7 +13,7 @@ from rich.text import Text
 from dataloader.cli.common import ExitCode, JsonOption, inspected, operator_settings, run
 from dataloader.cli.output import cell, console, duration, print_json, table, when
 from dataloader.config import Settings
-from dataloader.health import warnings_of
+from dataloader.health import queue_summary, warnings_of
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.admin import AdminStore
 from dataloader.storage.maintenance import MaintenanceStore
@@ -57,16 +57,7 @@ async def read_status(settings: Settings) -> dict[str, Any]:
     leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
     return {
         "database": "ok",
-        "queues": {
-            name: {
-                "queued": s.ready + s.waiting + s.delayed,
-                "running": s.running,
-                "failed": s.failed,
-                "lost": s.lost,
-                "paused": s.paused,
-            }
-            for name, s in stats.items()
-        },
+        "queues": queue_summary(stats),
         "live_workers": [asdict(worker) for worker in live],
         "maintenance": {
             "leader": None if leader is None else asdict(leader),

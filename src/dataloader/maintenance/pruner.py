@@ -14,6 +14,7 @@ from functools import partial
 from typing import Final
 
 from dataloader.base import JobStatus
+from dataloader.config import Settings
 from dataloader.storage.maintenance import MaintenanceStore
 
 #: Throughput buckets are read over the last hour; a day of them is kept.
@@ -29,6 +30,17 @@ class Retention:
     failed_sec: float
     lost_sec: float
     heartbeats_sec: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> Retention:
+        """The retention the settings ask for (`DL_PRUNE_*_AFTER_SEC`)."""
+        return cls(
+            succeeded_sec=settings.prune_succeeded_after_sec,
+            canceled_sec=settings.prune_canceled_after_sec,
+            failed_sec=settings.prune_failed_after_sec,
+            lost_sec=settings.prune_lost_after_sec,
+            heartbeats_sec=settings.prune_heartbeats_after_sec,
+        )
 
     def by_status(self) -> dict[JobStatus, float]:
         """{status: seconds kept} of the statuses that are pruned at all."""

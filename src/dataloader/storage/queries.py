@@ -167,20 +167,36 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
 FROM dl_jobs
 WHERE {conditions}
-ORDER BY created_at DESC, job_id DESC
+ORDER BY {order}
 LIMIT :limit
 """
 
 
 @functools.cache
-def list_jobs(filters: frozenset[str]) -> Statement:
+def list_jobs(filters: frozenset[str], narrow: bool = False) -> Statement:
     """A page of jobs newest first, with the conditions of `filters` (names of JOB_FILTERS).
-    The caller asks for one row more than it shows, to learn whether another page follows."""
+    The caller asks for one row more than it shows, to learn whether another page follows.
+    `narrow`: the queue and status given match few jobs (STATUS_QUEUE_PROBE): they are read
+    from the (status, queue) index and sorted, the order's index kept out of the planner's
+    reach (it would walk the newest jobs of every queue looking for matches that may never
+    come: 5.5 s beside 10,000,000 finished jobs for a queue without failed jobs)."""
     unknown = filters - JOB_FILTERS.keys()
     if unknown:
         raise ValueError(f"no such job filter: {sorted(unknown)}")
     conditions = [JOB_FILTERS[name] for name in JOB_FILTERS if name in filters] or ["true"]
-    return Statement(_LIST_JOBS.format(conditions="\n  AND ".join(conditions)))
+    order = (
+        "created_at + interval '0' DESC, job_id DESC" if narrow else "created_at DESC, job_id DESC"
+    )
+    return Statement(_LIST_JOBS.format(conditions="\n  AND ".join(conditions), order=order))
+
+
+#: How many jobs of `:status` the queue `:queue` holds, counting no further than `:probe` (an
+#: index-only range of the spec's (status, queue) index).
+STATUS_QUEUE_PROBE: Final = Statement("""
+SELECT count(*) FROM (
+    SELECT 1 FROM dl_jobs WHERE status = :status::dl_status AND queue = :queue LIMIT :probe
+) AS found
+""")
 
 
 #: What the client decides a cancel, a retry or a re-run on.

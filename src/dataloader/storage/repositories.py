@@ -47,6 +47,9 @@ from dataloader.storage.transitions import Fence, apply_transitions, facts_of
 MAX_DECISIONS: Final = 20
 #: Pause before trying again when someone else held the job's row.
 BUSY_PAUSE_SEC: Final = 0.02
+#: A queue and status matching fewer jobs than this are listed from the (status, queue)
+#: index and sorted (a few milliseconds); more, by walking the newest jobs.
+NARROW_MATCHES: Final = 5000
 #: Jobs a cancel or retry by filter reads at a time.
 BULK_PAGE: Final = 500
 
@@ -103,9 +106,16 @@ class JobRepository:
         after_created, after_id = _decode_cursor(cursor)
         if after_created is not None:
             values |= {"after": True, "after_created": after_created, "after_id": after_id}
-        statement = queries.list_jobs(frozenset(values.keys() & queries.JOB_FILTERS.keys()))
+        filters = frozenset(values.keys() & queries.JOB_FILTERS.keys())
         values.pop("after", None)
         async with self.connections.connection() as conn:
+            narrow = False
+            if where.queue is not None and where.status is not None:
+                probe = queries.STATUS_QUEUE_PROBE.bind(
+                    status=values["status"], queue=where.queue, probe=NARROW_MATCHES
+                )
+                narrow = await conn.fetchval(*probe) < NARROW_MATCHES
+            statement = queries.list_jobs(filters, narrow)
             # one more than the page: is there another page?
             rows = await conn.fetch(*statement.bind(**values, limit=limit + 1))
         jobs = [job_state(r) for r in rows[:limit]]

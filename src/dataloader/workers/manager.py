@@ -276,14 +276,7 @@ def _maintenance(
 ) -> Maintenance:
     """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
     store = MaintenanceStore(protocol.db)
-    retention = Retention(
-        succeeded_sec=settings.prune_succeeded_after_sec,
-        canceled_sec=settings.prune_canceled_after_sec,
-        failed_sec=settings.prune_failed_after_sec,
-        lost_sec=settings.prune_lost_after_sec,
-        heartbeats_sec=settings.prune_heartbeats_after_sec,
-    )
-    pruner = Pruner(store, retention, settings.prune_batch_size)
+    pruner = Pruner(store, Retention.of(settings), settings.prune_batch_size)
     try:
         specs = schedules(settings.cron, registry)
     except ValueError as exc:

@@ -161,8 +161,8 @@ class JobStatusResponse(BaseModel):
     rerun_requested: bool = False
 
 
-class JobListQuery(BaseModel):
-    """`GET /api/v1/jobs` filters: every one given must match."""
+class JobFilterFields(BaseModel):
+    """Which jobs: those matching every filter given."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -175,6 +175,11 @@ class JobListQuery(BaseModel):
     created_until: Instant | None = Field(None, description="Created before (RFC 3339).")
     finished_from: Instant | None = Field(None, description="Finished at or after (RFC 3339).")
     finished_until: Instant | None = Field(None, description="Finished before (RFC 3339).")
+
+
+class JobListQuery(JobFilterFields):
+    """`GET /api/v1/jobs` filters: every one given must match."""
+
     limit: int = Field(100, ge=1, le=1000, description="Jobs per page.")
     cursor: str | None = Field(
         None,
@@ -183,21 +188,7 @@ class JobListQuery(BaseModel):
     )
 
 
-#: The filters of a cancel or retry by filter (one at least is given).
-BULK_FILTERS = (
-    "queue",
-    "status",
-    "task",
-    "lock_key",
-    "partition_key",
-    "created_from",
-    "created_until",
-    "finished_from",
-    "finished_until",
-)
-
-
-class JobBulkRequest(BaseModel):
+class JobBulkRequest(JobFilterFields):
     """Which jobs a cancel or retry by filter takes: those matching every filter given (at
     least one), newest first, `limit` at most."""
 
@@ -208,20 +199,11 @@ class JobBulkRequest(BaseModel):
             # at least one filter, as the schema says it
             "anyOf": [
                 {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
-                for name in BULK_FILTERS
+                for name in JobFilterFields.model_fields
             ],
         },
     )
 
-    queue: Name | None = None
-    status: JobStatus | None = None
-    task: Name | None = None
-    lock_key: Key | None = None
-    partition_key: PartitionKey | None = None
-    created_from: Instant | None = Field(None, description="Created at or after (RFC 3339).")
-    created_until: Instant | None = Field(None, description="Created before (RFC 3339).")
-    finished_from: Instant | None = Field(None, description="Finished at or after (RFC 3339).")
-    finished_until: Instant | None = Field(None, description="Finished before (RFC 3339).")
     limit: int = Field(1000, ge=1, le=10_000, description="Jobs looked at, at most.")
 
     @model_validator(mode="after")
