@@ -111,7 +111,9 @@ async def test_colliding_lock_keys_wait_in_turn_and_the_collision_is_reported(
     k2_done = await service.wait_status(waiting, "succeeded")
     k1_done = await service.wait_status(later, "succeeded")
     assert k2_done["started_at"] <= k1_done["started_at"]
-    assert await event_kinds(conn, waiting) == ["queued", "lock_key_collision", "picked", "done"]
+    # (a heartbeat comes between picked and done when the machine is slow: not the point)
+    kinds = [kind for kind in await event_kinds(conn, waiting) if kind != "heartbeat"]
+    assert kinds == ["queued", "lock_key_collision", "picked", "done"]
     (collision,) = await event_payloads(conn, waiting, "lock_key_collision")
     assert collision["lock_key"] == k1
     # ...and the later K1 job waited for the K2 job in turn
