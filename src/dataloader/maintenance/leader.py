@@ -15,7 +15,7 @@ import time
 from typing import Final
 
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.maintenance import Lease, MaintenanceStore
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,6 @@ class Leadership:
         #: Set while this process does not lead (maintenance loops wait for `leading`).
         self.following = asyncio.Event()
         self.following.set()
-        self.lease: Lease | None = None
         self._valid_until = 0.0  # monotonic: when leading must stop without a renewal
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -67,7 +66,6 @@ class Leadership:
             self._follow("another process holds the lease")
             return False
         self._valid_until = sent + self._ttl * STEP_DOWN_AT
-        self.lease = lease
         if not self.leading.is_set():
             log.info("this process leads maintenance (reaper, pruner, cron)")
             self.following.clear()
@@ -90,4 +88,3 @@ class Leadership:
             log.info("this process no longer leads maintenance: %s", why)
         self.leading.clear()
         self.following.set()
-        self.lease = None

@@ -173,11 +173,6 @@ class JobContext(ProcessAccess, Generic[ArgsT]):
             Stage(task, args or {}, lock_key=lock_key, queue=queue, priority=priority, delay=delay)
         )
 
-    @property
-    def stages(self) -> list[Stage]:
-        """The next stages asked for so far (`then`)."""
-        return list(self._state.stages)
-
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:
         """Replace the job's `progress` (any JSON object); also learns of a cancel request."""
         value = {**(progress or {}), **fields}
