@@ -100,6 +100,11 @@ INVALID_TRIGGER_BODIES: list[tuple[str, Any, tuple[str | int, ...]]] = [
         ("body", "available_at"),
     ),
     (
+        "available_at-in-year-1",
+        with_(available_at="0001-06-01T00:00:00Z"),
+        ("body", "available_at"),
+    ),
+    (
         "available_at-before-year-1-in-utc",
         with_(available_at="0001-01-01T00:00:00+14:00"),
         ("body", "available_at"),

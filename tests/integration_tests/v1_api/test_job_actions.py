@@ -129,6 +129,8 @@ async def test_jobs_matching_a_filter_are_canceled_and_retried_in_bulk(
         {"queue": "etl", "limit": 10_001},
         {"status": "sleeping"},
         {"queue": "etl", "colour": "red"},
+        {"finished_until": "0001-01-01T00:00:00Z"},
+        {"queue": "etl", "created_from": "9999-06-01T00:00:00Z"},
     ],
 )
 async def test_a_bulk_change_needs_a_filter_and_sane_bounds(

@@ -87,6 +87,7 @@ async def test_a_made_up_cursor_is_a_position_not_an_error(start_service: StartS
         ({"created_from": "2026-01-01T00:00:00"}, "created_from"),
         ({"finished_until": "1700000000"}, "finished_until"),
         ({"created_until": "9999-12-31T23:59:59.999999Z"}, "created_until"),
+        ({"finished_from": "0001-06-01T00:00:00Z"}, "finished_from"),
         ({"cursor": "2026-01-01T00:00:00+00:00~not-a-uuid"}, "cursor"),
         ({"queue": ""}, "queue"),
         ({"lock_key": "k\x00"}, "lock_key"),

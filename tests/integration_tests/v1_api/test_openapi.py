@@ -20,6 +20,7 @@ from ..procs import launched, run_cli
 from .test_security import ADMIN, TOKENS
 
 SCHEMATHESIS = Path(sys.executable).parent / "st"
+INSTANT_FILTERS = ("created_from", "created_until", "finished_from", "finished_until")
 
 
 def schema(**settings: Any) -> dict[str, Any]:
@@ -47,6 +48,23 @@ def test_the_trigger_links_its_job_id_to_status_and_cancel() -> None:
     assert links["GetJobStatus"]["parameters"] == {"job_id": "$response.body#/job_id"}
     assert links["CancelJob"]["parameters"] == {"job_id": "$response.body#/job_id"}
     assert links["GetQueue"]["parameters"] == {"queue": "$request.body#/queue"}
+
+
+def test_every_instant_the_schema_takes_is_one_the_service_takes() -> None:
+    """The years 1 and 9999 hold instants the service refuses (no UTC equivalent, or the two
+    the database stores as infinities): every date-time a request carries excludes both years
+    in the schema, so a client that follows the schema is never refused a date-time."""
+    openapi = schema()
+    bodies = openapi["components"]["schemas"]
+    list_jobs = openapi["paths"]["/api/v1/jobs"]["get"]["parameters"]
+    instants = [bodies["TriggerRequest"]["properties"]["available_at"]]
+    instants += [bodies["JobBulkRequest"]["properties"][name] for name in INSTANT_FILTERS]
+    instants += [p["schema"] for p in list_jobs if p["name"] in INSTANT_FILTERS]
+    assert len(instants) == 9
+    for instant in instants:
+        (string,) = (option for option in instant["anyOf"] if option["type"] == "string")
+        assert string["format"] == "date-time"
+        assert string["pattern"] == r"^(?!0001-|9999-)\d{4}-\d{2}-\d{2}[Tt ]"
 
 
 @pytest.mark.parametrize("secured", [False, True], ids=["open", "with-tokens"])

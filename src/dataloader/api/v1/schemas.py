@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import (
     AfterValidator,
@@ -70,19 +70,28 @@ RunningLimit = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), WholeNumbe
 JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
 
 
-#: The start of an RFC 3339 date-time: a date, then its time.
-_RFC3339_START = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]")
+#: The start of an RFC 3339 date-time: a date in the years 0002 to 9998, then its time. The
+#: years 1 and 9999 hold instants with no UTC equivalent (0001-01-01T00:00:00+01:00) and the
+#: two extremes the database driver writes as `-infinity` and `infinity`: the schema refuses
+#: both years rather than a few of their instants it cannot express.
+INSTANT_PATTERN: Final = r"^(?!0001-|9999-)\d{4}-\d{2}-\d{2}[Tt ]"
+_INSTANT_START = re.compile(INSTANT_PATTERN)
 
 
 def _a_string(value: object) -> object:
     """An instant arrives as an RFC 3339 string only, as the schema says: pydantic would also
     take a number, or a string of one (a query parameter's), as seconds since 1970."""
-    if not isinstance(value, str) or not _RFC3339_START.match(value):
-        raise ValueError("must be an RFC 3339 date-time string")
+    if not isinstance(value, str) or not _INSTANT_START.match(value):
+        raise ValueError("must be an RFC 3339 date-time string in the years 0002 to 9998")
     return value
 
 
-Instant = Annotated[AwareDatetime, BeforeValidator(_a_string), AfterValidator(limits.check_instant)]
+Instant = Annotated[
+    AwareDatetime,
+    BeforeValidator(_a_string),
+    AfterValidator(limits.check_instant),
+    Field(json_schema_extra={"pattern": INSTANT_PATTERN}),
+]
 
 
 class TriggerRequest(BaseModel):
