@@ -5,11 +5,13 @@ without I/O, so both say the same in the same words."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from dataloader.config import Settings
 from dataloader.core.models import QueueStats
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
+from dataloader.storage.admin import StatusReading
 from dataloader.storage.maintenance import Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
 
@@ -28,20 +30,37 @@ def queue_summary(stats: Mapping[str, QueueStats]) -> dict[str, dict[str, Any]]:
     }
 
 
-def warnings_of(
-    ready: list[str],
-    live: list[LiveWorker],
-    table: dict[str, Any],
-    runs: list[MaintenanceRun],
-    leases: list[Lease],
-    settings: Settings,
-) -> list[str]:
-    """Every warning: `ready` (queues with ready jobs), `live` (live processes), `table` (the
-    queue table's health, `AdminStore.maintenance`), the maintenance runs and leases."""
+def status_document(reading: StatusReading, settings: Settings) -> dict[str, Any]:
+    """The status of the whole system, as /status and `dataloader status` show it: each
+    queue's jobs, the live processes, maintenance (the leader's lease, each chore's last run,
+    the schedules), the queue table's health, and warnings."""
+    leader = next((lease for lease in reading.leases if lease.name == MAINTENANCE_LEASE), None)
+    return {
+        "database": "ok",
+        "queues": queue_summary(reading.queues),
+        "live_workers": [
+            {**asdict(worker), "seen_ago_sec": round(worker.seen_ago_sec, 3)}
+            for worker in reading.live
+        ],
+        "maintenance": {
+            "leader": None if leader is None else asdict(leader),
+            "runs": {
+                run.task: {**asdict(run), "ago_sec": round(run.ago_sec, 3)} for run in reading.runs
+            },
+            "cron": [asdict(schedule) for schedule in reading.cron.values()],
+        },
+        **reading.table,
+        "warnings": warnings_of(reading, settings),
+    }
+
+
+def warnings_of(reading: StatusReading, settings: Settings) -> list[str]:
+    """Every warning of what was read: queues with ready jobs nobody serves, the queue
+    table's vacuum held back, maintenance failing or led by nobody."""
     return (
-        unserved_warnings(ready, live)
-        + vacuum_warnings(table, settings.long_transaction_sec)
-        + maintenance_warnings(runs, leases, live, settings)
+        unserved_warnings(reading.ready, reading.live)
+        + vacuum_warnings(reading.table, settings.long_transaction_sec)
+        + maintenance_warnings(reading.runs, reading.leases, reading.live, settings)
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any
 
@@ -14,11 +13,9 @@ from fastapi.responses import JSONResponse, Response
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
-from dataloader.health import queue_summary, warnings_of
-from dataloader.maintenance.leader import MAINTENANCE_LEASE
+from dataloader.health import status_document
+from dataloader.storage.admin import read_status
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.maintenance import MaintenanceRun, MaintenanceStore
-from dataloader.storage.presence import LiveWorker
 
 router = APIRouter(tags=["infra"], route_class=AuthorizedRoute)
 
@@ -80,17 +77,9 @@ async def status(request: Request) -> JSONResponse:
             for queue, w in (state.manager.queues.items() if state.manager else [])
         ],
     }
-    repo = state.app_context.admin
-    store: MaintenanceStore = state.maintenance
     try:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
-            stats = await repo.queue_stats()
-            maintenance = await repo.maintenance()
-            live = await state.presence.live_workers()
-            ready = await state.presence.ready_queues()
-            leases = await store.leases()
-            runs = await store.runs()
-            cron = await store.cron_state()
+            reading = await read_status(state.app_context.admin, state.presence, state.maintenance)
     except TimeoutError:
         # slow (a huge table, a lock) or unreachable: say which we know
         body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
@@ -98,42 +87,9 @@ async def status(request: Request) -> JSONResponse:
     except CONNECTION_ERRORS:
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
-    settings = state.app_context.settings
-    warnings = warnings_of(ready, live, maintenance, runs, leases, settings)
-    body.update(
-        status="ok",
-        database="ok",
-        queues=queue_summary(stats),
-        live_workers=[_live_worker(worker) for worker in live],
-        maintenance={
-            "leader": next(
-                (asdict(lease) for lease in leases if lease.name == MAINTENANCE_LEASE), None
-            ),
-            "this_process_leads": state.manager is not None
-            and state.manager.maintenance.leadership.leading.is_set(),
-            "runs": {run.task: _run(run) for run in runs},
-            "cron": [asdict(c) for c in cron.values()],
-        },
-        **maintenance,
-        warnings=warnings,
+    document = status_document(reading, state.app_context.settings)
+    document["maintenance"]["this_process_leads"] = (
+        state.manager is not None and state.manager.maintenance.leadership.leading.is_set()
     )
+    body.update(status="ok", **document)
     return JSONResponse(content=jsonable_encoder(body))
-
-
-def _live_worker(worker: LiveWorker) -> dict[str, Any]:
-    return {
-        "worker_id": worker.worker_id,
-        "host": worker.host,
-        "pid": worker.pid,
-        "version": worker.version,
-        "queues": worker.queues,
-        "tasks": worker.tasks,
-        "started_at": worker.started_at,
-        "seen_ago_sec": round(worker.seen_ago_sec, 3),
-    }
-
-
-def _run(run: MaintenanceRun) -> dict[str, Any]:
-    shown = asdict(run)
-    shown["ago_sec"] = round(run.ago_sec, 3)
-    return shown

@@ -4,7 +4,6 @@ schedules, the queue table's health, and warnings."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -13,9 +12,8 @@ from rich.text import Text
 from dataloader.cli.common import ExitCode, JsonOption, inspected, operator_settings, run
 from dataloader.cli.output import cell, console, duration, print_json, table, when
 from dataloader.config import Settings
-from dataloader.health import queue_summary, warnings_of
-from dataloader.maintenance.leader import MAINTENANCE_LEASE
-from dataloader.storage.admin import AdminStore
+from dataloader.health import status_document
+from dataloader.storage.admin import AdminStore, read_status
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.presence import PresenceStore
 
@@ -33,40 +31,16 @@ def status(as_json: JsonOption = False) -> None:
 
 
 async def _status(settings: Settings, as_json: bool) -> int:
-    report = await read_status(settings)
+    # /status's document, less what only a serving process knows of itself (its own workers
+    # and whether it leads)
+    async with inspected(settings) as (_, pool):
+        reading = await read_status(AdminStore(pool), PresenceStore(pool), MaintenanceStore(pool))
+    report = status_document(reading, settings)
     if as_json:
         print_json(report)
     else:
         _show(report)
     return ExitCode.OK
-
-
-async def read_status(settings: Settings) -> dict[str, Any]:
-    """The status document: /status's, less what only a serving process knows of itself
-    (its own workers and whether it leads)."""
-    async with inspected(settings) as (client, pool):
-        presence, store = PresenceStore(pool), MaintenanceStore(pool)
-        stats = await client.stats()
-        health = await AdminStore(pool).maintenance()
-        live = await presence.live_workers()
-        ready = await presence.ready_queues()
-        leases = await store.leases()
-        runs = await store.runs()
-        cron = await store.cron_state()
-    warnings = warnings_of(ready, live, health, runs, leases, settings)  # as /status
-    leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
-    return {
-        "database": "ok",
-        "queues": queue_summary(stats),
-        "live_workers": [asdict(worker) for worker in live],
-        "maintenance": {
-            "leader": None if leader is None else asdict(leader),
-            "runs": {chore.task: asdict(chore) for chore in runs},
-            "cron": [asdict(schedule) for schedule in cron.values()],
-        },
-        **health,
-        "warnings": warnings,
-    }
 
 
 def _show(report: dict[str, Any]) -> None:

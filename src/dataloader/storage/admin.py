@@ -4,7 +4,8 @@ pause and resume with their audit log, the table's health, recent lock_key colli
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dataloader.core.models import QueueStats
@@ -19,6 +20,8 @@ from dataloader.core.queues import (
 from dataloader.storage import queries
 from dataloader.storage.connections import Connections
 from dataloader.storage.db import AnyConnection
+from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun, MaintenanceStore
+from dataloader.storage.presence import LiveWorker, PresenceStore, live_worker
 
 
 class AdminStore:
@@ -27,15 +30,21 @@ class AdminStore:
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
 
-    async def queue_stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+    async def queue_stats(
+        self, queue: str | None = None, live: Iterable[LiveWorker] | None = None
+    ) -> dict[str, QueueStats]:
         """{queue: its statistics}, by name, for every queue that holds jobs queued, running,
         failed or lost, is paused, is served by a live process, or ended attempts in the last
-        hour; with `queue`, that queue only (all zeros if none of this applies)."""
+        hour; with `queue`, that queue only (all zeros if none of this applies). The workers
+        and slots serving each queue are counted from `live`, the live processes, when the
+        caller read them already."""
         async with self._connections.connection() as conn:
             rows = await conn.fetch(*queries.QUEUE_STATS.bind(queue=queue))
             settings = await _settings(conn)
-            served = await _served(conn)
+            if live is None:
+                live = [live_worker(r) for r in await conn.fetch(queries.LIVE_WORKERS)]
             throughput = await _throughput(conn, queue)
+        served = _served(live)
         stats = {row["queue"]: _queue_stats(row) for row in rows}
         steered = {q for q, s in settings.items() if s.paused or s.limits.any}
         named = steered | served.keys() | throughput.keys()
@@ -123,11 +132,11 @@ def _settings_of(row: Any) -> QueueSettings:
     return QueueSettings(row["queue"], row["paused"], row["changed_at"], row["changed_by"], limits)
 
 
-async def _served(conn: AnyConnection) -> dict[str, tuple[int, int]]:
+def _served(live: Iterable[LiveWorker]) -> dict[str, tuple[int, int]]:
     """{queue: (live processes serving it, their slots for it)}."""
     served: dict[str, tuple[int, int]] = {}
-    for row in await conn.fetch(queries.LIVE_WORKERS):
-        for queue, slots in json.loads(row["queues"]).items():
+    for worker in live:
+        for queue, slots in worker.queues.items():
             workers, total = served.get(queue, (0, 0))
             served[queue] = (workers + 1, total + slots)
     return served
@@ -156,4 +165,36 @@ def _queue_stats(row: Any) -> QueueStats:
         failed=row["failed"],
         lost=row["lost"],
         oldest_ready_age_sec=age if age is not None and age >= 0 else None,
+    )
+
+
+@dataclass(frozen=True)
+class StatusReading:
+    """What `GET /status` and `dataloader status` show, each part read once."""
+
+    queues: dict[str, QueueStats]
+    #: the queue table's health (AdminStore.maintenance)
+    table: dict[str, Any]
+    live: list[LiveWorker]
+    #: queues with at least one ready job
+    ready: list[str]
+    leases: list[Lease]
+    runs: list[MaintenanceRun]
+    cron: dict[str, CronState]
+
+
+async def read_status(
+    admin: AdminStore, presence: PresenceStore, maintenance: MaintenanceStore
+) -> StatusReading:
+    """The whole system as /status shows it: the live processes first, which the queues'
+    statistics count rather than read again."""
+    live = await presence.live_workers()
+    return StatusReading(
+        queues=await admin.queue_stats(live=live),
+        table=await admin.maintenance(),
+        live=live,
+        ready=await presence.ready_queues(),
+        leases=await maintenance.leases(),
+        runs=await maintenance.runs(),
+        cron=await maintenance.cron_state(),
     )

@@ -48,6 +48,20 @@ class LiveWorker:
     seen_ago_sec: float
 
 
+def live_worker(row: Any) -> LiveWorker:
+    """A row of LIVE_WORKERS as a LiveWorker."""
+    return LiveWorker(
+        worker_id=row["worker_id"],
+        host=row["host"],
+        pid=row["pid"],
+        version=row["version"],
+        queues=json.loads(row["queues"]),
+        tasks=list(row["tasks"]),
+        started_at=row["started_at"],
+        seen_ago_sec=row["seen_ago_sec"],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedTask:
     """A task's contract, and the live processes that publish it."""
@@ -100,20 +114,7 @@ class PresenceStore:
 
     async def live_workers(self) -> list[LiveWorker]:
         """Live processes, by worker id."""
-        rows = await self._db.fetch(queries.LIVE_WORKERS)
-        return [
-            LiveWorker(
-                worker_id=row["worker_id"],
-                host=row["host"],
-                pid=row["pid"],
-                version=row["version"],
-                queues=json.loads(row["queues"]),
-                tasks=list(row["tasks"]),
-                started_at=row["started_at"],
-                seen_ago_sec=row["seen_ago_sec"],
-            )
-            for row in rows
-        ]
+        return [live_worker(row) for row in await self._db.fetch(queries.LIVE_WORKERS)]
 
     async def live_task_specs(self) -> list[PublishedTask]:
         """Every contract live processes publish, by task name (one per distinct contract)."""
