@@ -939,15 +939,18 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
 
 @phase("retention")
 async def retention(b: Bench) -> dict[str, Any]:
-    """Beside 10,000,000 finished jobs (a tenth of them 40 days old, failed ones among them),
-    and 10,000 queued: `GET /status`, `GET /api/v1/queues` and pages of `GET /api/v1/jobs`
-    (medians of 20 calls each); then the pruner deletes the old ones (1,000 per statement)
-    and its rate is timed."""
+    """Beside 10,000,000 finished jobs (a tenth of them 40 days old, failed ones among them,
+    20 tasks, one in 100,000 of a rare task and partition_key), and 10,000 queued:
+    `GET /status`, `GET /api/v1/queues` and pages of `GET /api/v1/jobs` with the filters an
+    operator gives (medians of 20 calls each); then the pruner deletes the old ones (1,000 per
+    statement) and its rate is timed."""
     finished, old, queued = b.n(10_000_000), b.n(1_000_000), b.n(10_000)
     await b.sql(
-        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, created_at,"
-        " started_at, finished_at)"
-        " SELECT gen_random_uuid(), 'q' || (i % 10), 't' || (i % 20), 'done-' || i,"
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key, status, attempt,"
+        " created_at, started_at, finished_at)"
+        " SELECT gen_random_uuid(), 'q' || (i % 10),"
+        " CASE WHEN i % 100000 = 7 THEN 'rare' ELSE 't' || (i % 20) END, 'done-' || i,"
+        " CASE WHEN i % 100000 = 7 THEN 'rare' ELSE '' END,"
         " CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, 1, at, at, at"
         " FROM generate_series(1, $1::int) AS i,"
         " LATERAL (SELECT now() - make_interval(days => CASE WHEN i <= $2 THEN 40 ELSE 1 END)"
@@ -976,6 +979,12 @@ async def retention(b: Bench) -> dict[str, Any]:
                 ("queues", "/api/v1/queues"),
                 ("jobs_newest", "/api/v1/jobs?limit=100"),
                 ("jobs_queue_failed", "/api/v1/jobs?queue=q3&status=failed&limit=100"),
+                ("jobs_task", "/api/v1/jobs?task=t7&limit=100"),
+                ("jobs_rare_task", "/api/v1/jobs?task=rare&limit=100"),
+                ("jobs_absent_task", "/api/v1/jobs?task=none&limit=100"),
+                ("jobs_task_failed", "/api/v1/jobs?task=t5&status=failed&limit=100"),
+                ("jobs_rare_partition", "/api/v1/jobs?partition_key=rare&limit=100"),
+                ("jobs_absent_partition", "/api/v1/jobs?partition_key=none&limit=100"),
             )
         }
         store = MaintenanceStore(GuardedPool(app.state.app_context.pool, 60))

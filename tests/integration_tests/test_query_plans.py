@@ -175,8 +175,7 @@ LIST_VALUES: dict[str, Any] = {
     "filters",
     [
         (),
-        # a partition_key alone has no index (its cost on writes: docs/benchmarks.md)
-        *((name,) for name in LIST_VALUES if name != "partition_key"),
+        *((name,) for name in LIST_VALUES),
         ("queue", "status"),
         ("after",),
     ],
@@ -227,5 +226,32 @@ async def test_a_queue_with_few_jobs_of_a_status_is_listed_from_the_status_index
         plan = await plan_of(conn, *statement.bind(queue="q3", status="failed", limit=101))
         assert "ix_dl_jobs_status_queue" in plan, plan
         assert "ix_dl_jobs_created" not in plan, plan
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "index"),
+    [("task", "ix_dl_jobs_task_created"), ("partition_key", "ix_dl_jobs_partition_created")],
+)
+async def test_a_rare_task_or_partition_key_is_listed_from_its_own_index(
+    db_dsn: str, column: str, index: str
+) -> None:
+    """A task or partition_key that few jobs (or none) have: read newest first from its own
+    index, not by walking the newest jobs of every task for matches that may never come
+    (seconds beside 10,000,000 finished jobs)."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key, status,"
+            " finished_at)"
+            " SELECT gen_random_uuid(), 'q', 't', 'key-' || i, '', 'succeeded', now()"
+            " FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        statement = queries.list_jobs(frozenset({column}))
+        plan = await plan_of(conn, *statement.bind(**{column: "rare"}, limit=101))
+        assert index in plan, plan
+        assert "Sort" not in plan, plan
     finally:
         await conn.close()

@@ -151,7 +151,11 @@ JOB_FILTERS: Final = {
     "status": "status = :status::dl_status",
     "task": "task = :task",
     "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key",
-    "partition_key": "partition_key = :partition_key",
+    # a partition_key given (not ''): the partition_key index holds only those
+    "partition_key": "hashtext(partition_key) = hashtext(:partition_key)"
+    " AND partition_key = :partition_key AND partition_key <> ''",
+    # jobs without a partition_key (the filter partition_key='')
+    "no_partition_key": "partition_key = ''",
     "created_from": "created_at >= :created_from",
     "created_until": "created_at < :created_until",
     "finished_from": "finished_at >= :finished_from",

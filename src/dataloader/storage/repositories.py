@@ -103,11 +103,15 @@ class JobRepository:
         values = where.given()
         if where.status is not None:
             values["status"] = where.status.value
+        if values.get("partition_key") == "":
+            del values["partition_key"]
+            values["no_partition_key"] = True
         after_created, after_id = _decode_cursor(cursor)
         if after_created is not None:
             values |= {"after": True, "after_created": after_created, "after_id": after_id}
         filters = frozenset(values.keys() & queries.JOB_FILTERS.keys())
         values.pop("after", None)
+        values.pop("no_partition_key", None)
         async with self.connections.connection() as conn:
             narrow = False
             if where.queue is not None and where.status is not None:

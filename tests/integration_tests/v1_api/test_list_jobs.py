@@ -44,6 +44,8 @@ async def test_each_filter_applies(start_service: StartService, conn: asyncpg.Co
     assert await ids(service, task="t.a") == [c, a]
     assert await ids(service, lock_key="ka") == [c, a]
     assert await ids(service, partition_key="p1", queue="qa") == [a]
+    assert await ids(service, partition_key="p1") == [c, a]
+    assert await ids(service, partition_key="") == [b]  # the jobs without one
     assert await ids(service, created_from=at(created[b])) == [c, b]
     assert await ids(service, created_until=at(created[b])) == [a]
     assert await ids(service, finished_from=at(finished_b)) == [b]
