@@ -194,16 +194,8 @@ async def drain_two_processes(b: Bench) -> dict[str, Any]:
 
 
 async def _drain_two_processes_once(b: Bench) -> dict[str, Any]:
-    n = b.n(20000)
-    jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(n)]
-    elapsed, shares = await _drain_by_processes(b, jobs, processes=2, slots=10)
-    return {
-        "jobs": n,
-        "processes": 2,
-        "concurrency": 10,
-        "jobs_per_s": n / elapsed,
-        "share_of_busier_process": max(shares) / n,
-    }
+    jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(b.n(20000))]
+    return await _drain_by_processes(b, jobs, processes=2, slots=10)
 
 
 @phase("latency")
@@ -789,15 +781,8 @@ async def serial_chain(b: Bench) -> dict[str, Any]:
 
 
 async def _serial_chain_once(b: Bench) -> dict[str, Any]:
-    n = b.n(1000)
-    jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key="chain") for _ in range(n)]
-    elapsed, shares = await _drain_by_processes(b, jobs, processes=2, slots=4)
-    return {
-        "jobs": n,
-        "processes": 2,
-        "slots_each": 4,
-        "jobs_per_s": n / elapsed,
-        "share_of_busier_process": max(shares) / n,
+    jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key="chain") for _ in range(b.n(1000))]
+    return await _drain_by_processes(b, jobs, processes=2, slots=4) | {
         "hand_offs_between_processes": await b.sql(
             "SELECT count(*) FROM (SELECT worker_id <> lag(worker_id) OVER (ORDER BY started_at)"
             " AS moved FROM dl_jobs) AS s WHERE moved"
@@ -807,10 +792,10 @@ async def _serial_chain_once(b: Bench) -> dict[str, Any]:
 
 async def _drain_by_processes(
     b: Bench, jobs: list[NewJob], processes: int, slots: int
-) -> tuple[float, list[int]]:
-    """Seconds `processes` worker processes of `slots` slots each take to run `jobs`, enqueued
-    in one transaction once they all listen, from its commit to the last job's end; and how
-    many jobs each process ran."""
+) -> dict[str, Any]:
+    """`processes` worker processes of `slots` slots each run `jobs`, enqueued in one
+    transaction once they all listen: jobs/s from its commit to the last job's end, and the
+    share of the jobs the busiest process ran."""
     context = multiprocessing.get_context("spawn")
     children = [
         context.Process(target=_serve_in_process, args=(b.dsn, slots)) for _ in range(processes)
@@ -827,7 +812,13 @@ async def _drain_by_processes(
         for child in children:
             child.terminate()
         await asyncio.to_thread(lambda: [child.join() for child in children])
-    return ended - started, await _shares(b)
+    return {
+        "jobs": len(jobs),
+        "processes": processes,
+        "slots_each": slots,
+        "jobs_per_s": len(jobs) / (ended - started),
+        "share_of_busier_process": max(await _shares(b)) / len(jobs),
+    }
 
 
 async def _shares(b: Bench) -> list[int]:
