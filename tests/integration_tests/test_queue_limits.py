@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
+from dataloader.config import Settings
 from dataloader.core.queues import QueueLimits
+from dataloader.runner import Runner
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
@@ -173,3 +177,96 @@ async def test_a_queue_whose_limits_are_removed_is_claimed_freely_again(
     ledger.spans.clear()
     await run_all(service, 24)
     assert ledger.most_at_once() > 1
+
+
+# --- claims made by hand, on a service without workers: each round seen as it happens ---------
+
+
+async def hand_claims(start_service: StartService) -> tuple[Service, WorkerProtocol]:
+    service = await start_service(run_workers=False)
+    return service, WorkerProtocol(service.context.pool)
+
+
+async def enqueue_in_order(service: Service, partitions: list[str]) -> None:
+    for i, partition in enumerate(partitions):
+        await service.dl.enqueue(
+            "demo.noop", queue="limited", lock_key=f"k{i}", partition_key=partition
+        )
+
+
+async def test_a_limit_on_running_jobs_alone_claims_up_to_it_in_one_round(
+    start_service: StartService,
+) -> None:
+    """Without a rate there is no token bucket to spend: a round claims all the room it has."""
+    service, protocol = await hand_claims(start_service)
+    await enqueue_in_order(service, [""] * 10)
+    await service.dl.set_limits("limited", max_running=6)
+    first = await protocol.claim_round("limited", 8, "hand", walk=8)
+    assert len(first.jobs) == 6
+    assert first.held == 2  # two more could run but for the limit
+    second = await protocol.claim_round("limited", 8, "hand", walk=8)
+    assert (second.jobs, second.held) == ([], 4)
+
+
+async def test_a_full_partition_key_does_not_hide_the_jobs_of_others_behind_it(
+    start_service: StartService,
+) -> None:
+    service, protocol = await hand_claims(start_service)
+    await enqueue_in_order(service, ["a"] * 10 + ["b"] * 3)
+    await service.dl.set_limits("limited", max_running_per_partition=1)
+    first = await protocol.claim_round("limited", 4, "hand", walk=4)
+    assert [job.partition_key for job in first.jobs] == ["a"]
+    # a's jobs fill the next walk no more: b's first job is reached
+    second = await protocol.claim_round("limited", 4, "hand", walk=4)
+    assert [job.partition_key for job in second.jobs] == ["b"]
+
+
+async def test_workers_held_back_by_a_limit_wait_for_room_instead_of_claiming_again(
+    start_service: StartService, registry: PipelineRegistry
+) -> None:
+    """Rounds that claim nothing because the limit is reached are not repeated at once: the
+    worker waits until a job leaves `running` (a notification, from any replica). A backlog
+    longer than a claim's walk: the claim cannot tell the queue is empty."""
+    ledger = Ledger()
+    ledgered(registry, "t.ledgered", ledger, hold_sec=0.05)
+    first, second = await two_replicas(start_service)
+    await first.dl.set_limits("limited", max_running=1)
+    rounds_before = sum(s.manager.queues["limited"].claims_started for s in (first, second))
+    await run_all(first, 40)
+    rounds = (
+        sum(s.manager.queues["limited"].claims_started for s in (first, second)) - rounds_before
+    )
+    assert ledger.most_at_once() == 1
+    # each of the 40 ends wakes both replicas for a round or two; rounds repeated at once as
+    # long as the limit held made thousands
+    assert rounds < 400, rounds
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_running": 2},
+        {"max_running": 2, "max_per_second": 100},
+        {"max_running_per_partition": 1},
+    ],
+    ids=["running", "running-and-rate", "per-partition"],
+)
+async def test_run_until_empty_waits_for_the_jobs_a_limit_holds_back(
+    make_settings: Callable[..., Settings], registry: PipelineRegistry, limits: dict[str, Any]
+) -> None:
+    """A round that claims nothing because the limit is reached is not an empty queue."""
+    ledger = Ledger()
+    ledgered(registry, "t.ledgered", ledger, hold_sec=0.01)
+    settings = make_settings(workers=[{"queue": "limited", "concurrency": 8}])
+    async with Runner(settings, registry) as dl:
+        await dl.client.set_limits("limited", **limits)
+        await dl.client.enqueue_many(
+            [
+                dl.client.job("t.ledgered", lock_key=f"k{i}", partition_key=f"p{i % 3}")
+                for i in range(30)
+            ]
+        )
+        await dl.run_until_empty()
+        stats = (await dl.client.stats("limited"))["limited"]
+    assert len(ledger.spans) == 30
+    assert (stats.ready, stats.running) == (0, 0)

@@ -86,6 +86,9 @@ class ClaimRound:
     exhausted: bool = True
     #: Seconds until the queue's earliest delayed job is due (≤ 0: one is due now), or None.
     next_due_in: float | None = None
+    #: Jobs that could run but the queue's limits held back: the queue is not empty, and a
+    #: job leaving `running` (a notification) or the rate's next token says when to look again.
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,7 @@ class WorkerProtocol:
             tail["blocked"] or [],
             exhausted=tail["walked"] < walk,
             next_due_in=tail["next_due_in"],
+            held=tail["held"],
         )
 
     async def _claim_limited(self, queue: str, parameters: dict[str, Any]) -> list[Record]:

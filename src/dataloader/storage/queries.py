@@ -334,7 +334,7 @@ WITH walked AS (
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
       -- tested once per claim (one probe of dl_queues)
-      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed})))
+      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed}))){walk_filter}
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
@@ -378,13 +378,13 @@ WITH walked AS (
     FROM claimed
 ){spend}
 SELECT c.*, NULL::uuid[] AS blocked, NULL::bigint AS walked, NULL::float8 AS next_due_in,
-       NULL::bool AS limited
+       NULL::bool AS limited, NULL::bigint AS held
 FROM claimed c
 UNION ALL
 -- the last row: what the claim walked past, how far it walked, in how many seconds the
 -- queue's earliest delayed job is due (at most 0: one is due now and waits to be put back) or
--- its rate lets the next job start, and whether the queue has limits (its claims take
--- CLAIM_LIMITED's way)
+-- its rate lets the next job start, whether the queue has limits (its claims take
+-- CLAIM_LIMITED's way), and how many jobs that could run its limits held back
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, array_agg(job_id) FILTER (WHERE blocked), count(*),
        LEAST(EXTRACT(EPOCH FROM LEAST(
@@ -392,7 +392,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
                   WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'),
                  min(available_at) FILTER (WHERE not_due)) - now())::float8,
              {token_wait}),
-       COALESCE((SELECT {has_limits} FROM dl_queues p WHERE p.queue = :queue), false)
+       COALESCE((SELECT {has_limits} FROM dl_queues p WHERE p.queue = :queue), false),
+       {held}
 FROM judged
 ORDER BY priority, created_at
 """
@@ -418,6 +419,8 @@ CLAIM_JOBS: Final = Statement(
         spend="",
         token_wait="NULL::float8",
         has_limits=_HAS_LIMITS,
+        walk_filter="",
+        held="0::bigint",
     )
 )
 
@@ -434,10 +437,13 @@ CLAIM_LIMITED: Final = Statement(
 , settings AS (
     SELECT p.max_running, p.max_running_per_partition, p.max_per_second,
            -- the clock as it is now, not at the transaction's start: the claims take turns
-           LEAST(GREATEST(p.max_per_second, 1),
-                 COALESCE(p.tokens + p.max_per_second
-                                     * EXTRACT(EPOCH FROM clock_timestamp() - p.tokens_at),
-                          GREATEST(p.max_per_second, 1))) AS tokens
+           -- (NULL without a rate: no bucket)
+           CASE WHEN p.max_per_second IS NOT NULL THEN
+               LEAST(GREATEST(p.max_per_second, 1),
+                     COALESCE(p.tokens + p.max_per_second
+                                         * EXTRACT(EPOCH FROM clock_timestamp() - p.tokens_at),
+                              GREATEST(p.max_per_second, 1)))
+           END AS tokens
     FROM dl_queues p WHERE p.queue = :queue
 ), room AS (
     SELECT GREATEST(0, LEAST(
@@ -477,6 +483,19 @@ CLAIM_LIMITED: Final = Statement(
               WHERE s.max_per_second IS NOT NULL
                 AND s.tokens - (SELECT count(*) FROM claimed) < 1)""",
         has_limits=_HAS_LIMITS,
+        # the jobs of a partition_key that has its most running already are not walked: a
+        # backlog of one partition would otherwise fill every walk, and the jobs of the
+        # others behind it would wait for it to drain (ix_dl_jobs_running_partition, a probe
+        # per job walked, only with a per-partition limit)
+        walk_filter="""
+      AND CASE WHEN (SELECT p.max_running_per_partition FROM dl_queues p
+                     WHERE p.queue = :queue) IS NULL THEN true
+               ELSE (SELECT count(*) FROM dl_jobs r
+                     WHERE r.status = 'running' AND r.queue = :queue
+                       AND r.partition_key = j.partition_key)
+                    < (SELECT p.max_running_per_partition FROM dl_queues p WHERE p.queue = :queue)
+          END""",
+        held="(SELECT count(*) FROM ranked) - (SELECT count(*) FROM claimed)",
     )
 )
 
@@ -862,6 +881,16 @@ WITH u AS (
                                 n.next_id, n.queue, n.lock_key) AS collision
     FROM next_up n JOIN upd u ON u.job_id = n.job_id
     WHERE n.expect_status = 'running'
+), room_freed AS (
+    -- a job leaving `running` in a queue whose running jobs are limited makes room: the
+    -- workers of every replica that serve it claim again (their claims held jobs back and
+    -- wait for this, not for their poll)
+    SELECT pg_notify('dl_jobs', f.queue)
+    FROM (SELECT DISTINCT u.queue FROM upd u
+          WHERE u.expect_status = 'running' AND u.status::text <> 'running') AS f
+    WHERE EXISTS (SELECT 1 FROM dl_queues p
+                  WHERE p.queue = f.queue AND (p.max_running IS NOT NULL
+                                               OR p.max_running_per_partition IS NOT NULL))
 )
 SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
@@ -869,6 +898,7 @@ SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collisi
        (SELECT (to_jsonb(h) - 'after')::text FROM handed h WHERE h.after = u.job_id) AS handed
 FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
 WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
+  AND (SELECT count(*) FROM room_freed) >= 0
 UNION ALL
 SELECT m.job_id, 'changed', false, m.row_status, m.row_attempt, m.max_attempts,
        m.row_handbacks, m.row_cancel, m.row_rerun, NULL

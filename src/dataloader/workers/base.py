@@ -380,7 +380,7 @@ class QueueWorker(Slots):
                 self._claiming = free  # until the jobs claimed have their slots
                 claimed = await self.claims.claim(free * self.batch_size, claim_started)
                 self._claiming = min(len(claimed.jobs), free)
-                if claimed.moved or self._jobs or self._outcomes_pending():
+                if claimed.moved or claimed.held or self._jobs or self._outcomes_pending():
                     self.idle.clear()
                 else:
                     self.idle_claim_started = claim_started

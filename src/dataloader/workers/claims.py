@@ -43,6 +43,8 @@ class Claimed:
     more: bool
     #: The round changed the queue: it claimed, parked or put back jobs.
     moved: bool
+    #: Jobs that could run but the queue's limits held back (the queue is not idle).
+    held: int = 0
 
 
 class QueueClaims:
@@ -81,8 +83,16 @@ class QueueClaims:
         self._walk = min(max(self._walk, wanted) * 4, MAX_WALK) if parked else 0
         return Claimed(
             claim.jobs,
-            more=bool(parked or put_back or self._due_at <= now or not claim.exhausted),
+            # a round that claimed nothing because the limits held jobs back is not tried
+            # again at once (that would spin): a job leaving `running` wakes the worker
+            more=bool(
+                parked
+                or put_back
+                or self._due_at <= now
+                or (not claim.exhausted and (claim.jobs or not claim.held))
+            ),
             moved=bool(claim.jobs or parked or put_back),
+            held=claim.held,
         )
 
     def failure_pause(self, exc: BaseException) -> float:
