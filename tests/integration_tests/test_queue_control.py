@@ -233,3 +233,39 @@ async def test_an_action_path_with_another_method_is_no_queue_name(
     assert (await service.client.get("/api/v1/queues/etl/resume")).status_code == 405
     assert (await service.client.get("/api/v1/queues/etl/limits")).status_code == 405
     assert (await service.client.get("/api/v1/queues/etl/pauses")).status_code == 200
+
+
+async def test_a_first_pause_or_limit_waiting_on_anothers_insert_answers_the_settings(
+    db_dsn: str, conn: asyncpg.Connection
+) -> None:
+    """Two first changes of a queue at once: the second waits on the first's new row, finds
+    it says the same, and answers it (it was an assertion error: a 500 over HTTP)."""
+    async with Client.connect(db_dsn) as client:
+        for change, value in (
+            ("pause", lambda: client.pause("race")),
+            ("limits", lambda: client.set_limits("race2", max_running=3)),
+        ):
+            queue = "race" if change == "pause" else "race2"
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO dl_queues (queue, paused, changed_by, max_running)"
+                    " VALUES ($1, $2, 'other', $3)",
+                    queue,
+                    change == "pause",
+                    3 if change == "limits" else None,
+                )
+                waiting = asyncio.create_task(value())
+
+                async def blocked() -> bool:
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND datname = current_database()"
+                        )
+                    )
+
+                await wait_until(blocked, what=f"the {change} to wait on the row")
+            settings = await waiting
+            assert settings.queue == queue
+            assert settings.changed_by == "other"
+            assert settings.paused is (change == "pause")

@@ -70,8 +70,7 @@ class AdminStore:
         """Pause `queue` (a paused one stays as it is); its settings after."""
         async with self._connections.connection() as conn:
             row = await conn.fetchrow(*queries.PAUSE_QUEUE.bind(queue=queue, actor=actor))
-        assert row is not None  # the row was written, or it was there already
-        return _settings_of(row)
+            return _settings_of(row or await _inserted_meanwhile(conn, queue))
 
     async def resume(self, queue: str, actor: str) -> QueueSettings:
         """Resume `queue` and wake its workers (one not paused stays as it is)."""
@@ -91,8 +90,7 @@ class AdminStore:
                     max_per_second=limits.max_per_second,
                 )
             )
-        assert row is not None  # the row was written, or it was there already
-        return _settings_of(row)
+            return _settings_of(row or await _inserted_meanwhile(conn, queue))
 
     async def queue_events(self, queue: str, after: int, limit: int | None) -> list[QueueEvent]:
         """The queue's audit log after event `after`, oldest first, `limit` at most."""
@@ -123,6 +121,16 @@ class AdminStore:
 
 async def _settings(conn: AnyConnection) -> dict[str, QueueSettings]:
     return {r["queue"]: _settings_of(r) for r in await conn.fetch(queries.QUEUE_SETTINGS)}
+
+
+async def _inserted_meanwhile(conn: AnyConnection, queue: str) -> Any:
+    """The queue's settings row, read by a statement of its own: when a first change of the
+    queue by someone else commits while ours waits to insert its row, ours finds the row,
+    leaves it as it is (it already says what ours would), and cannot see it in its own
+    snapshot."""
+    row = await conn.fetchrow(*queries.QUEUE_SETTING.bind(queue=queue))
+    assert row is not None  # committed before our statement ended, and never deleted
+    return row
 
 
 def _settings_of(row: Any) -> QueueSettings:

@@ -334,7 +334,8 @@ WITH walked AS (
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
       -- tested once per claim (one probe of dl_queues)
-      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed}))){walk_filter}
+      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed})))
+      {walk_filter}
     ORDER BY j.priority ASC, j.created_at ASC
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
@@ -487,8 +488,7 @@ CLAIM_LIMITED: Final = Statement(
         # backlog of one partition would otherwise fill every walk, and the jobs of the
         # others behind it would wait for it to drain (ix_dl_jobs_running_partition, a probe
         # per job walked, only with a per-partition limit)
-        walk_filter="""
-      AND CASE WHEN (SELECT p.max_running_per_partition FROM dl_queues p
+        walk_filter="""AND CASE WHEN (SELECT p.max_running_per_partition FROM dl_queues p
                      WHERE p.queue = :queue) IS NULL THEN true
                ELSE (SELECT count(*) FROM dl_jobs r
                      WHERE r.status = 'running' AND r.queue = :queue
@@ -1086,6 +1086,13 @@ UNION ALL
 SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
        max_per_second, false FROM dl_queues
 WHERE queue = :queue AND NOT EXISTS (SELECT 1 FROM changed)
+""")
+
+#: One queue's settings (no row: nothing was ever set on it).
+QUEUE_SETTING: Final = Statement("""
+SELECT queue, paused, changed_at, changed_by, max_running, max_running_per_partition,
+       max_per_second
+FROM dl_queues WHERE queue = :queue
 """)
 
 #: Every queue's settings (one row per queue an operator set something on), by name.
