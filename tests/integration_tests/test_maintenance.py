@@ -15,7 +15,7 @@ import pytest
 from dataloader.base import JobStatus
 from dataloader.config import CronSpec
 from dataloader.core.cron import idempotency_key
-from dataloader.maintenance.cron import CronScheduler
+from dataloader.maintenance.cron import CronScheduler, CronSchedulesFailed
 from dataloader.maintenance.leader import MAINTENANCE_LEASE, Leadership
 from dataloader.maintenance.pruner import Pruner, Retention
 from dataloader.storage.connections import GuardedPool
@@ -276,6 +276,26 @@ async def test_a_scheduler_enqueues_each_slot_once_from_its_first_tick(
         ("cron", "cron:tick", '{"a": 1}')
     }
     assert 0 < first.next_in_sec() <= 1
+
+
+async def test_a_schedule_its_task_refuses_leaves_the_others_to_run_and_fails_the_run(
+    store: MaintenanceStore, start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """`demo.sleep` needs `seconds`: its schedule cannot enqueue, the one after it does, and
+    the tick fails naming it (the run is recorded failed: /status warns)."""
+    service = await start_service(run_workers=False)
+    specs = [
+        CronSpec(name="bad", schedule="* * * * * *", task="demo.sleep", queue="q", args={}),
+        CronSpec(name="good", schedule="* * * * * *", task="demo.noop", queue="q"),
+    ]
+    scheduler = CronScheduler(store, service.dl, specs)
+    await scheduler.tick()  # both start from now
+    await conn.execute("UPDATE dl_cron SET last_slot = last_slot - interval '2 seconds'")
+    with pytest.raises(CronSchedulesFailed, match="schedule 'bad': InvalidJobArgs") as failed:
+        await scheduler.tick()
+    assert sorted(failed.value.failed) == ["bad"]
+    assert len(await _cron_jobs(conn, "good")) == 1
+    assert await _cron_jobs(conn, "bad") == []
 
 
 async def test_missed_slots_are_skipped_unless_the_schedule_catches_up(

@@ -22,6 +22,7 @@ from dataloader.config import CronSpec
 from dataloader.core.cron import due_slots, idempotency_key, next_slot
 from dataloader.core.models import NewJob
 from dataloader.exceptions import IdempotencyConflict
+from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import CronState, MaintenanceStore
 from dataloader.workers.pipelines.registry import TaskRegistry
 
@@ -52,6 +53,17 @@ def schedules(declared: list[CronSpec], registry: TaskRegistry) -> list[CronSpec
     return list(found.values())
 
 
+class CronSchedulesFailed(Exception):
+    """Schedules of a tick that could not enqueue their job (their args refused by their task,
+    say), by name: the tick enqueued the others' jobs, and tries these again at the next."""
+
+    def __init__(self, failed: dict[str, str]) -> None:
+        super().__init__(
+            "; ".join(f"schedule {name!r}: {error}" for name, error in sorted(failed.items()))
+        )
+        self.failed = failed
+
+
 class CronScheduler:
     """Enqueues the due slots of `schedules` through `client`."""
 
@@ -69,27 +81,38 @@ class CronScheduler:
         now = await self._store.now()
         known = await self._store.cron_state()
         enqueued = 0
+        failed: dict[str, str] = {}
         for spec in self._specs:
-            state = known.get(spec.name)
-            if state is None or state.last_slot is None or _changed(state, spec):
-                # new or changed: it starts from now
-                await self._store.set_cron(
-                    CronState(spec.name, spec.schedule, spec.task, spec.queue, now)
-                )
-                continue
-            slots = due_slots(
-                spec.schedule,
-                self._zones[spec.name],
-                state.last_slot,
-                now,
-                catch_up=spec.catch_up,
-            )
-            for slot in slots:
-                enqueued += await self._enqueue(spec, slot)
-            if slots:
-                await self._store.set_cron(replace(state, last_slot=slots[-1]))
+            try:
+                enqueued += await self._tick_one(spec, known.get(spec.name), now)
+            except CONNECTION_ERRORS:
+                raise
+            except Exception as exc:  # this schedule's own trouble: the others have their turn
+                failed[spec.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("schedule %r could not enqueue: %s", spec.name, failed[spec.name])
         self._now = now
+        if failed:
+            # the run is recorded as failed, and /status warns, naming the schedules
+            raise CronSchedulesFailed(failed)
         return {"enqueued": enqueued, "schedules": len(self._specs)}
+
+    async def _tick_one(self, spec: CronSpec, state: CronState | None, now: datetime) -> int:
+        """Enqueue the due slots of one schedule; how many new jobs."""
+        if state is None or state.last_slot is None or _changed(state, spec):
+            # new or changed: it starts from now
+            await self._store.set_cron(
+                CronState(spec.name, spec.schedule, spec.task, spec.queue, now)
+            )
+            return 0
+        slots = due_slots(
+            spec.schedule, self._zones[spec.name], state.last_slot, now, catch_up=spec.catch_up
+        )
+        enqueued = 0
+        for slot in slots:
+            enqueued += await self._enqueue(spec, slot)
+        if slots:
+            await self._store.set_cron(replace(state, last_slot=slots[-1]))
+        return enqueued
 
     def next_in_sec(self) -> float:
         """Seconds from the last tick's clock to the next slot of any schedule (at most
