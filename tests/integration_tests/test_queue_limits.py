@@ -270,3 +270,13 @@ async def test_run_until_empty_waits_for_the_jobs_a_limit_holds_back(
         stats = (await dl.client.stats("limited"))["limited"]
     assert len(ledger.spans) == 30
     assert (stats.ready, stats.running) == (0, 0)
+
+
+async def test_jobs_without_a_partition_key_are_held_by_no_partition_limit(
+    start_service: StartService,
+) -> None:
+    service, protocol = await hand_claims(start_service)
+    await enqueue_in_order(service, [""] * 5 + ["a"] * 3)
+    await service.dl.set_limits("limited", max_running_per_partition=1)
+    claimed = await protocol.claim_round("limited", 8, "hand", walk=8)
+    assert sorted(job.partition_key for job in claimed.jobs) == [""] * 5 + ["a"]

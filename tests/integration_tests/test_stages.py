@@ -22,7 +22,8 @@ from .helpers import event_payloads, wait_until
 async def _jobs_of(conn: asyncpg.Connection, task: str) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT job_id, queue, lock_key, status::text AS status, args::text AS args,"
-        " idempotency_key, producer FROM dl_jobs WHERE task = $1 ORDER BY created_at, job_id",
+        " idempotency_key, producer, partition_key FROM dl_jobs WHERE task = $1"
+        " ORDER BY created_at, job_id",
         task,
     )
 
@@ -71,7 +72,7 @@ async def test_the_handler_adds_stages_with_their_own_options(
     async def split(ctx: JobContext[dict[str, Any]]) -> None:
         for part in range(3):
             ctx.then("etl.part", {"part": part}, lock_key=f"part:{part}", priority=5)
-        ctx.then("etl.report", Report(day="2026-11-25"))
+        ctx.then("etl.report", Report(day="2026-11-25"), partition_key="reports")
 
     @registry.task("etl.part")
     async def part(ctx: JobContext[dict[str, Any]]) -> None: ...
@@ -82,15 +83,16 @@ async def test_the_handler_adds_stages_with_their_own_options(
     service = await start_service(
         workers=[{"queue": "etl", "concurrency": 2}, {"queue": "reports", "concurrency": 1}]
     )
-    job = await service.dl.enqueue("etl.split", lock_key="split")
+    job = await service.dl.enqueue("etl.split", lock_key="split", partition_key="client-7")
     assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
     # enqueued by one statement: one created_at, so in the order of their lock_keys here
     parts = sorted(await _jobs_of(conn, "etl.part"), key=lambda r: r["lock_key"])
     assert [(r["queue"], r["lock_key"]) for r in parts] == [("etl", f"part:{i}") for i in range(3)]
     assert [json.loads(r["args"]) for r in parts] == [{"part": i} for i in range(3)]
+    assert {r["partition_key"] for r in parts} == {"client-7"}  # the running job's
     (reported,) = await _jobs_of(conn, "etl.report")
     assert reported["queue"] == "reports"  # the stage task's own queue
-    assert reported["lock_key"] == "split"
+    assert (reported["lock_key"], reported["partition_key"]) == ("split", "reports")
 
     async def all_done() -> bool:
         rows = [*await _jobs_of(conn, "etl.part"), *await _jobs_of(conn, "etl.report")]

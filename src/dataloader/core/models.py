@@ -247,6 +247,8 @@ class Stage:
     priority: int | None = None
     #: Wait this long after the success before it may start.
     delay: timedelta | None = None
+    #: None: the running job's partition_key (the entity's stages keep its partition).
+    partition_key: str | None = None
 
     def __post_init__(self) -> None:
         for name, check in (("task", limits.check_name), ("args", limits.check_args)):

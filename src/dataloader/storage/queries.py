@@ -428,7 +428,8 @@ CLAIM_JOBS: Final = Statement(
 #: CLAIM_JOBS for a queue with limits (migration 0015), run in a transaction after
 #: LOCK_QUEUE_CLAIMS: the claims of all replicas count and claim one after another. It claims
 #: no more than leaves the queue's running jobs within `max_running`, no job of a partition_key
-#: that has `max_running_per_partition` running already (nor more than fit), and no more than
+#: that has `max_running_per_partition` running already (nor more than fit; jobs without a
+#: partition_key are in no partition), and no more than
 #: the queue's token bucket holds (`max_per_second`, refilled continuously up to one second's
 #: worth), which it spends. The last row says whether the queue still has limits.
 CLAIM_LIMITED: Final = Statement(
@@ -457,11 +458,13 @@ CLAIM_LIMITED: Final = Statement(
     FROM settings s
 ), ranked AS (
     SELECT o.*,
-           row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
-           -- the jobs of its partition_key running now (ix_dl_jobs_running_partition)
-           + (SELECT count(*) FROM dl_jobs r
-              WHERE r.status = 'running' AND r.queue = :queue
-                AND r.partition_key = o.partition_key) AS partition_nth
+           CASE WHEN o.partition_key <> '' THEN
+               row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
+               -- the jobs of its partition_key running now (ix_dl_jobs_running_partition)
+               + (SELECT count(*) FROM dl_jobs r
+                  WHERE r.status = 'running' AND r.queue = :queue
+                    AND r.partition_key = o.partition_key)
+           END AS partition_nth
     FROM (
         SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, partition_key FROM judged
         WHERE NOT blocked
@@ -470,7 +473,10 @@ CLAIM_LIMITED: Final = Statement(
 )""",
         candidates="""
         SELECT r.job_id, r.priority, r.created_at FROM ranked r
-        WHERE r.partition_nth <= COALESCE((SELECT per_partition FROM room), r.partition_nth)""",
+        -- jobs without a partition_key ('', partition_nth NULL) are in no partition: only
+        -- max_running holds them
+        WHERE r.partition_nth IS NULL
+           OR r.partition_nth <= COALESCE((SELECT per_partition FROM room), r.partition_nth)""",
         limit="COALESCE((SELECT n FROM room), :limit)",
         spend=""", spent AS (
     UPDATE dl_queues p
@@ -488,7 +494,8 @@ CLAIM_LIMITED: Final = Statement(
         # backlog of one partition would otherwise fill every walk, and the jobs of the
         # others behind it would wait for it to drain (ix_dl_jobs_running_partition, a probe
         # per job walked, only with a per-partition limit)
-        walk_filter="""AND CASE WHEN (SELECT p.max_running_per_partition FROM dl_queues p
+        walk_filter="""AND CASE WHEN j.partition_key = '' THEN true
+               WHEN (SELECT p.max_running_per_partition FROM dl_queues p
                      WHERE p.queue = :queue) IS NULL THEN true
                ELSE (SELECT count(*) FROM dl_jobs r
                      WHERE r.status = 'running' AND r.queue = :queue

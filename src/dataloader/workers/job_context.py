@@ -160,17 +160,27 @@ class JobContext(ProcessAccess, Generic[ArgsT]):
         queue: str | None = None,
         priority: int | None = None,
         delay: timedelta | None = None,
+        partition_key: str | None = None,
     ) -> None:
         """Enqueue a job of `task` with `args` once this one succeeds, in the same transaction
         as the success: if this attempt fails or is cancelled, nothing of it is written (a
         retry asks again), and a job that ends failed names the stages it stopped before in
-        its journal (`stopped_before`). Its lock_key is this job's unless given; its queue the
-        stage task's own, else this job's. Call it any number of times: the stages are
-        enqueued in order. InvalidJob at once for args that are not a JSON object."""
+        its journal (`stopped_before`). Its lock_key and partition_key are this job's unless
+        given; its queue the stage task's own, else this job's. Call it any number of times:
+        the stages are enqueued in order. InvalidJob at once for args that are not a JSON
+        object."""
         if isinstance(args, BaseModel):
             args = args.model_dump(mode="json")
         self._state.stages.append(
-            Stage(task, args or {}, lock_key=lock_key, queue=queue, priority=priority, delay=delay)
+            Stage(
+                task,
+                args or {},
+                lock_key=lock_key,
+                queue=queue,
+                priority=priority,
+                delay=delay,
+                partition_key=partition_key,
+            )
         )
 
     async def set_progress(self, progress: dict[str, Any] | None = None, **fields: Any) -> None:

@@ -39,6 +39,9 @@ def stage_jobs(parent: ClaimedJob, stages: Sequence[Stage], client: Client) -> t
                 stage.task,
                 stage.args,
                 lock_key=stage.lock_key if stage.lock_key is not None else parent.lock_key,
+                partition_key=(
+                    stage.partition_key if stage.partition_key is not None else parent.partition_key
+                ),
                 queue=stage.queue if stage.queue is not None or own_queue else parent.queue,
                 priority=stage.priority,
                 available_at=stage.delay,
