@@ -565,3 +565,9 @@ def test_a_failure_that_is_retried_stops_no_chain_yet() -> None:
     t = decide(failure(stages=("etl.transform",)), running(attempt=1, max_attempts=3))
     assert t.status is JobStatus.QUEUED
     assert "stopped_before" not in t.detail
+
+
+def test_a_success_that_runs_again_for_a_rerun_names_no_stage_it_did_not_enqueue() -> None:
+    t = decide(Outcome(Ended.SUCCEEDED, stages=("etl.transform",)), running(rerun=True))
+    assert t.journal == "rerun"
+    assert t.detail == {"ended": "done"}  # its stages wait for the newest version's success

@@ -309,7 +309,11 @@ def _rerun_or(job: JobFacts, transition: Transition) -> Transition:
         duration_ms=transition.duration_ms,
         rerun_requested=False,
         clear_checkpoint=True,
-        detail={**transition.detail, "ended": transition.journal},
+        # a success's stages are not enqueued: the newest version runs, and its success will
+        detail={
+            **{k: v for k, v in transition.detail.items() if k != "then"},
+            "ended": transition.journal,
+        },
     )
 
 
