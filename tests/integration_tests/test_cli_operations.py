@@ -385,7 +385,13 @@ async def test_limits_are_set_and_removed(cli: Cli, client: Client) -> None:
         "max_per_second": 2.5,
     }
     assert (await client.stats("etl"))["etl"].limits.max_running == 3
-    cleared = await cli("limits", "etl")
+    # without a limit, the command removes nothing: a look is not a change
+    assert "--clear" in failed_in_one_line(await cli("limits", "etl"), 2)
+    assert "--clear" in failed_in_one_line(
+        await cli("limits", "etl", "--clear", "--max-running", "2"), 2
+    )
+    assert (await client.stats("etl"))["etl"].limits.max_running == 3
+    cleared = await cli("limits", "etl", "--clear")
     assert cleared.returncode == 0, cleared
     assert "no limits" in cleared.stdout
     assert [(e.kind, e.actor) for e in await client.queue_events("etl")] == [

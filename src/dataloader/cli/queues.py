@@ -15,6 +15,7 @@ from dataloader.cli.common import (
     ExitCode,
     JsonOption,
     connected,
+    fail,
     operator_settings,
     run,
 )
@@ -124,14 +125,23 @@ def limits(
     max_per_second: Annotated[
         float | None, typer.Option(min=0.001, help="Jobs started per second.")
     ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove every limit.")] = False,
     actor: ActorOption = CLI_ACTOR,
     as_json: JsonOption = False,
 ) -> None:
-    """Set a queue's limits, held across every replica (a limit not given is removed; none
-    given removes them all).
+    """Set a queue's limits, held across every replica (a limit not given is removed), or
+    remove them all with --clear.
 
     Recorded in the queue's audit log with the actor (`cli`, or --as). Prints the queue's
-    settings after."""
+    settings after. `dataloader queues` shows the limits set."""
+    given = (max_running, max_running_per_partition, max_per_second) != (None, None, None)
+    if given == clear:
+        # without this, a look at the limits (`limits etl`) would remove them
+        fail(
+            "give the limits to set (--max-running, --max-running-per-partition,"
+            " --max-per-second), or --clear to remove them all",
+            ExitCode.USAGE,
+        )
     run(
         _steer(
             operator_settings(),
