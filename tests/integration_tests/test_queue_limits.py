@@ -182,25 +182,25 @@ async def test_a_queue_whose_limits_are_removed_is_claimed_freely_again(
 # --- claims made by hand, on a service without workers: each round seen as it happens ---------
 
 
-async def hand_claims(start_service: StartService) -> tuple[Service, WorkerProtocol]:
+async def hand_claims(
+    start_service: StartService, partitions: list[str], **limits: Any
+) -> WorkerProtocol:
+    """A queue with `limits` holding a job of each of `partitions`, enqueued in that order, on
+    a service without workers; the protocol to claim them by hand."""
     service = await start_service(run_workers=False)
-    return service, WorkerProtocol(service.context.pool)
-
-
-async def enqueue_in_order(service: Service, partitions: list[str]) -> None:
     for i, partition in enumerate(partitions):
         await service.dl.enqueue(
             "demo.noop", queue="limited", lock_key=f"k{i}", partition_key=partition
         )
+    await service.dl.set_limits("limited", **limits)
+    return WorkerProtocol(service.context.pool)
 
 
 async def test_a_limit_on_running_jobs_alone_claims_up_to_it_in_one_round(
     start_service: StartService,
 ) -> None:
     """Without a rate there is no token bucket to spend: a round claims all the room it has."""
-    service, protocol = await hand_claims(start_service)
-    await enqueue_in_order(service, [""] * 10)
-    await service.dl.set_limits("limited", max_running=6)
+    protocol = await hand_claims(start_service, [""] * 10, max_running=6)
     first = await protocol.claim_round("limited", 8, "hand", walk=8)
     assert len(first.jobs) == 6
     assert first.held == 2  # two more could run but for the limit
@@ -211,9 +211,7 @@ async def test_a_limit_on_running_jobs_alone_claims_up_to_it_in_one_round(
 async def test_a_full_partition_key_does_not_hide_the_jobs_of_others_behind_it(
     start_service: StartService,
 ) -> None:
-    service, protocol = await hand_claims(start_service)
-    await enqueue_in_order(service, ["a"] * 10 + ["b"] * 3)
-    await service.dl.set_limits("limited", max_running_per_partition=1)
+    protocol = await hand_claims(start_service, ["a"] * 10 + ["b"] * 3, max_running_per_partition=1)
     first = await protocol.claim_round("limited", 4, "hand", walk=4)
     assert [job.partition_key for job in first.jobs] == ["a"]
     # a's jobs fill the next walk no more: b's first job is reached
@@ -275,8 +273,6 @@ async def test_run_until_empty_waits_for_the_jobs_a_limit_holds_back(
 async def test_jobs_without_a_partition_key_are_held_by_no_partition_limit(
     start_service: StartService,
 ) -> None:
-    service, protocol = await hand_claims(start_service)
-    await enqueue_in_order(service, [""] * 5 + ["a"] * 3)
-    await service.dl.set_limits("limited", max_running_per_partition=1)
+    protocol = await hand_claims(start_service, [""] * 5 + ["a"] * 3, max_running_per_partition=1)
     claimed = await protocol.claim_round("limited", 8, "hand", walk=8)
     assert sorted(job.partition_key for job in claimed.jobs) == [""] * 5 + ["a"]
