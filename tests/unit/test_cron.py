@@ -136,3 +136,20 @@ def test_a_task_schedule_needs_a_queue_a_valid_expression_and_args_that_may_be_e
         registry.task("b", queue="q", cron="sometimes")
     with pytest.raises(ValueError, match="empty args"):
         registry.task("c", queue="q", args=Needs, cron="@hourly")
+
+
+def test_dl_cron_args_its_registered_task_refuses_are_a_configuration_error() -> None:
+    registry = TaskRegistry()
+
+    class Needs(BaseModel):
+        day: str
+
+    @registry.task("etl.daily", queue="etl", args=Needs)
+    async def daily(ctx: Any) -> None: ...
+
+    good = CronSpec(name="ok", schedule="@daily", task="etl.daily", queue="etl", args={"day": "x"})
+    other = CronSpec(name="elsewhere", schedule="@daily", task="not.here", queue="q", args={"a": 1})
+    assert [s.name for s in schedules([good, other], registry)] == ["ok", "elsewhere"]
+    bad = CronSpec(name="bad", schedule="@daily", task="etl.daily", queue="etl", args={"dya": 1})
+    with pytest.raises(ValueError, match=r"the schedule 'bad': etl\.daily refuses its args: .*day"):
+        schedules([good, bad], registry)

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 from dataloader.config import CronSpec
 from dataloader.core.cron import due_slots, idempotency_key, next_slot
 from dataloader.core.models import NewJob
-from dataloader.exceptions import IdempotencyConflict
+from dataloader.exceptions import IdempotencyConflict, InvalidJobArgs
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import CronState, MaintenanceStore
 from dataloader.workers.pipelines.registry import TaskRegistry
@@ -39,8 +39,20 @@ CRON_ACTOR: Final = "cron"
 
 def schedules(declared: list[CronSpec], registry: TaskRegistry) -> list[CronSpec]:
     """The schedules of `DL_CRON`, then those of tasks defined with `cron=` (named after the
-    task) that `DL_CRON` does not name; ValueError for two schedules of one name."""
+    task) that `DL_CRON` does not name; ValueError for two schedules of one name, or for
+    `DL_CRON` args that the registered task refuses (every slot's job would be refused)."""
     found = {spec.name: spec for spec in declared}
+    for spec in declared:
+        task = registry.get(spec.task)
+        if task is None:
+            continue  # a task of other processes: its args are checked where it runs
+        try:
+            task.check_args(spec.args)
+        except InvalidJobArgs as exc:
+            raise ValueError(
+                f"the schedule {spec.name!r}: {spec.task} refuses its args: {exc}"
+            ) from None
+
     for task in registry.tasks():
         if task.cron is None:
             continue
