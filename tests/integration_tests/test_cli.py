@@ -106,6 +106,24 @@ async def test_a_taken_http_port_stops_the_start_before_any_worker(
     assert await conn.fetchval("SELECT count(*) FROM dl_job_events WHERE kind = 'picked'") == 0
 
 
+@pytest.mark.parametrize("command", [["serve"], ["worker"]])
+async def test_a_schedule_whose_args_its_task_refuses_stops_the_start_in_one_line(
+    db_dsn: str, tmp_path: Path, command: list[str]
+) -> None:
+    program = [str(DATALOADER_SCRIPT), *command]
+    cron = [{"name": "nightly", "schedule": "@daily", "task": "demo.sleep", "queue": "default"}]
+    result = await asyncio.to_thread(
+        run_cli,
+        program,
+        {"DL_DB_DSN": db_dsn, "DL_HTTP_PORT": str(free_port()), "DL_CRON": json.dumps(cron)},
+        tmp_path,
+    )
+    assert result.returncode == 2, result.stdout
+    line = one_line(result.stdout)
+    assert "DL_CRON: the schedule 'nightly': demo.sleep refuses its args" in line
+    assert "seconds" in line
+
+
 async def test_processes_that_ask_for_it_share_the_http_port(
     launcher: Launcher, db_dsn: str
 ) -> None:

@@ -27,7 +27,9 @@ from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
+from dataloader.maintenance.cron import configured_schedules
 from dataloader.storage.migrate import MigrationReport
+from dataloader.workers.pipelines.registry import registry as default_registry
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -141,6 +143,8 @@ def serve() -> None:
     listening = _listen(settings.http_host, settings.http_port, settings.http_reuse_port)
     try:
         import_pipelines(settings.pipeline_modules)
+        # before the database and the port: a schedule the tasks refuse stops the start here
+        configured_schedules(settings.cron, default_registry)
         settings = asyncio.run(_prepare_database(settings))
     except ConfigError as exc:
         fail(f"invalid configuration: {exc}", 2)
@@ -204,6 +208,7 @@ def worker(
         fail("invalid configuration: WORKERS_JSON: lists no queue, so there is no work", 2)
     try:
         import_pipelines(settings.pipeline_modules)
+        configured_schedules(settings.cron, default_registry)  # before the database, as serve
         drained = asyncio.run(_work(settings, drain))
     except ConfigError as exc:
         fail(f"invalid configuration: {exc}", 2)

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 from dataloader.config import CronSpec
 from dataloader.core.cron import due_slots, idempotency_key, next_slot
 from dataloader.core.models import NewJob
-from dataloader.exceptions import IdempotencyConflict, InvalidJobArgs
+from dataloader.exceptions import ConfigError, IdempotencyConflict, InvalidJobArgs
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import CronState, MaintenanceStore
 from dataloader.workers.pipelines.registry import TaskRegistry
@@ -63,6 +63,15 @@ def schedules(declared: list[CronSpec], registry: TaskRegistry) -> list[CronSpec
             name=task.name, schedule=task.cron, task=task.name, queue=task.queue
         )
     return list(found.values())
+
+
+def configured_schedules(declared: list[CronSpec], registry: TaskRegistry) -> list[CronSpec]:
+    """`schedules`, its ValueError a ConfigError naming DL_CRON (checked before the service
+    starts, and by every process that runs workers)."""
+    try:
+        return schedules(declared, registry)
+    except ValueError as exc:
+        raise ConfigError(f"DL_CRON: {exc}") from None
 
 
 class CronSchedulesFailed(Exception):

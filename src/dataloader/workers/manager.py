@@ -12,9 +12,8 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dataloader import metrics
-from dataloader.exceptions import ConfigError
 from dataloader.logger.summary import job_summary
-from dataloader.maintenance.cron import MAX_SLEEP_SEC, CronScheduler, schedules
+from dataloader.maintenance.cron import MAX_SLEEP_SEC, CronScheduler, configured_schedules
 from dataloader.maintenance.leader import Leadership
 from dataloader.maintenance.pruner import Pruner, Retention
 from dataloader.maintenance.runner import Maintenance, Periodic
@@ -277,11 +276,7 @@ def _maintenance(
     """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
     store = MaintenanceStore(protocol.db)
     pruner = Pruner(store, Retention.of(settings), settings.prune_batch_size)
-    try:
-        specs = schedules(settings.cron, registry)
-    except ValueError as exc:
-        raise ConfigError(f"DL_CRON: {exc}") from None
-    cron = CronScheduler(store, app.client, specs)
+    cron = CronScheduler(store, app.client, configured_schedules(settings.cron, registry))
     return Maintenance(
         Leadership(store, holder, settings.leader_lease_sec),
         store,
