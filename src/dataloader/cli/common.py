@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from enum import IntEnum
-from typing import Annotated, Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn, TypeVar
 
 import typer
 
@@ -147,6 +147,18 @@ async def connected(
         await queue_dsn(settings), settings=settings, registry=registry
     ) as client:
         yield client.acting_as(actor)
+
+
+_Result = TypeVar("_Result")
+
+
+async def acting(
+    settings: Settings, actor: str, change: Callable[[Client], Awaitable[_Result]]
+) -> _Result:
+    """Make `change` (a cancel, a retry, a pause…) through a client acting as `actor`; what it
+    returns."""
+    async with connected(settings, actor) as client:
+        return await change(client)
 
 
 @asynccontextmanager

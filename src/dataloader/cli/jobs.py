@@ -18,6 +18,7 @@ from dataloader.cli.common import (
     ActorOption,
     ExitCode,
     JsonOption,
+    acting,
     connected,
     fail,
     import_pipelines,
@@ -262,7 +263,5 @@ async def _change(
     as_json: bool,
 ) -> int:
     """Make `change` (a cancel, a retry) as `actor` and show the job's state after."""
-    async with connected(settings, actor) as client:
-        state = await change(client)
-    show_job(state, as_json)
+    show_job(await acting(settings, actor, change), as_json)
     return ExitCode.OK

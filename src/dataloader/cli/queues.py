@@ -14,6 +14,7 @@ from dataloader.cli.common import (
     ActorOption,
     ExitCode,
     JsonOption,
+    acting,
     connected,
     fail,
     operator_settings,
@@ -163,16 +164,16 @@ async def _steer(
     change: Callable[[Client], Awaitable[QueueSettings]],
     as_json: bool,
 ) -> int:
-    """Make `change` (a pause, a resume) as `actor` and show the queue's settings after."""
-    async with connected(settings, actor) as client:
-        after = await change(client)
+    """Make `change` (a pause, a resume, limits) as `actor` and show the queue's settings
+    after."""
+    after = await acting(settings, actor, change)
     if as_json:
         print_json(after)
         return ExitCode.OK
     state = Text("paused", style="yellow") if after.paused else Text("running", style="green")
     line = Text(f"queue {after.queue}: ").append_text(state)
     if after.changed_at is not None:
-        line.append(f" (since {when(after.changed_at)}, by {after.changed_by})")
+        line.append(f" (last changed {when(after.changed_at)} by {after.changed_by})")
     set_limits = {name: value for name, value in asdict(after.limits).items() if value is not None}
     line.append(
         "; limits: " + ", ".join(f"{name} {value:g}" for name, value in set_limits.items())

@@ -12,7 +12,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
-    ErrorResponse,
+    UNPARSABLE_BODY,
     Name,
     QueueEventResponse,
     QueueEventsResponse,
@@ -89,7 +89,7 @@ async def resume_queue(client: Queues, queue: QueueName, actor: Actor) -> QueueS
 @router.put(
     "/{queue:dl_any_text}/limits",
     response_model=QueueSettingsResponse,
-    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    responses=UNPARSABLE_BODY,
     operation_id="set_queue_limits",
     dependencies=[requires(Scope.admin)],
 )

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import (
+    UNPARSABLE_BODY,
     ErrorResponse,
     IdempotencyConflictResponse,
     JobBulkRequest,
@@ -40,7 +41,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     "/trigger",
     response_model=TriggerResponse,
     responses={
-        400: {"model": ErrorResponse, "description": "The body could not be parsed"},
+        **UNPARSABLE_BODY,
         409: {
             "model": IdempotencyConflictResponse,
             "description": "The idempotency_key already names a job with other fields",
@@ -71,7 +72,7 @@ async def list_jobs(query: Annotated[JobListQuery, Query()], service: Service) -
 @router.post(
     "/cancel",
     response_model=JobBulkResponse,
-    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    responses=UNPARSABLE_BODY,
     operation_id="cancel_jobs",
     dependencies=[requires(Scope.admin)],
 )
@@ -86,7 +87,7 @@ async def cancel_jobs(body: JobBulkRequest, service: Service, actor: Actor) -> J
 @router.post(
     "/retry",
     response_model=JobBulkResponse,
-    responses={400: {"model": ErrorResponse, "description": "The body could not be parsed"}},
+    responses=UNPARSABLE_BODY,
     operation_id="retry_jobs",
     dependencies=[requires(Scope.admin)],
 )

@@ -441,6 +441,12 @@ class ErrorResponse(BaseModel):
     detail: str
 
 
+#: The answer of a route whose JSON body cannot be parsed, as its OpenAPI responses say it.
+UNPARSABLE_BODY: Final[dict[int | str, dict[str, Any]]] = {
+    400: {"model": ErrorResponse, "description": "The body could not be parsed"}
+}
+
+
 class IdempotencyConflictResponse(BaseModel):
     """409: the idempotency_key already names a job whose fields differ from the request."""
 
