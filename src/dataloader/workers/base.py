@@ -39,6 +39,7 @@ from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
 from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
+from dataloader.workers.heartbeat import beat_period_for
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.pipelines.registry import Task
@@ -133,7 +134,7 @@ class Slots:
                 if size > 1:
                     filling[job.task] = unit
             unit.append(running)
-        if any(job.lease_ttl_sec / 3 < self._rt.beat_period for job in jobs):
+        if any(beat_period_for(job.lease_ttl_sec) < self._rt.beat_period for job in jobs):
             self._rt.job_started.set()  # a lease that needs sooner beats
         for job in busy:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
@@ -344,7 +345,7 @@ class QueueWorker(Slots):
         if locked:
             self._rt.running[job.job_id] = RunningJob(job)
             _count_start(job)
-            if job.lease_ttl_sec / 3 < self._rt.beat_period:
+            if beat_period_for(job.lease_ttl_sec) < self._rt.beat_period:
                 self._rt.job_started.set()
             await self._execute_units([[self._rt.running[job.job_id]]], claimed_at)
         else:

@@ -24,6 +24,8 @@ LEASE_MARGIN = 0.9
 #: ...or this long before its lease runs out, if that is sooner: the time its hand-back needs
 #: to be written before the reaper may take the job (and count the attempt).
 MIN_SLACK_SEC = 0.5
+#: Beats within a fence window, so that a beat or two may miss (a row briefly locked).
+BEATS_PER_WINDOW = 3
 INF = float("inf")
 
 
@@ -38,7 +40,7 @@ class Heartbeat:
         """DL_HEARTBEAT_SEC, shortened so that no running job's lease can lapse between beats."""
         period = self._rt.settings.heartbeat_sec
         for running in self._rt.running.values():
-            period = min(period, running.job.lease_ttl_sec / 3)
+            period = min(period, beat_period_for(running.job.lease_ttl_sec))
         return period
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -150,9 +152,9 @@ class Heartbeat:
                 continue
             if beat.extended:
                 r.lease_extended_at = now
-            elif now - r.lease_extended_at >= r.job.lease_ttl_sec / 3:  # not a passing lock
+            elif now - r.lease_extended_at >= beat_period_for(r.job.lease_ttl_sec):  # not passing
                 log.warning(
-                    "job %s: its row is locked by another session; lease not extended for %.0fs",
+                    "job %s: its row is locked by another session; lease not extended for %.1fs",
                     r.job.job_id,
                     now - r.lease_extended_at,
                 )
@@ -160,7 +162,18 @@ class Heartbeat:
                 r.request_cancel()
 
 
+def fence_window(lease_ttl_sec: float) -> float:
+    """How long after its last extension a job is stopped unless its lease is extended again."""
+    return min(lease_ttl_sec * LEASE_MARGIN, lease_ttl_sec - MIN_SLACK_SEC)
+
+
+def beat_period_for(lease_ttl_sec: float) -> float:
+    """The longest beat period that still gives a job three tries within its fence window: a
+    beat may find the row locked by the job's own progress write, and one missed beat must
+    not stop the job."""
+    return fence_window(lease_ttl_sec) / BEATS_PER_WINDOW
+
+
 def _fence_at(running: RunningJob) -> float:
     """The local time at which a job whose lease is not extended meanwhile is stopped."""
-    ttl = running.job.lease_ttl_sec
-    return running.lease_extended_at + min(ttl * LEASE_MARGIN, ttl - MIN_SLACK_SEC)
+    return running.lease_extended_at + fence_window(running.job.lease_ttl_sec)
