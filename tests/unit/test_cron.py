@@ -64,6 +64,59 @@ def test_a_time_zone_moves_the_slots() -> None:
     assert next_slot("0 3 * * *", UTC_ZONE, at(0, 0)) == at(3, 0)
 
 
+BERLIN = ZoneInfo("Europe/Berlin")  # falls back from 03:00 CEST to 02:00 CET on 2026-10-25
+
+
+def utc(day: int, hour: int, minute: int = 0, month: int = 10) -> datetime:
+    return datetime(2026, month, day, hour, minute, tzinfo=UTC)
+
+
+def in_utc(slots: list[datetime]) -> list[datetime]:
+    # an instant in the hour that repeats never equals one of another zone (PEP 495)
+    return [slot.astimezone(UTC) for slot in slots]
+
+
+def slots_ticking(schedule: str, zone: ZoneInfo, start: datetime, end: datetime) -> list[datetime]:
+    """The slots a scheduler ticking every minute from `start` to `end` enqueues (in UTC)."""
+    enqueued: list[datetime] = []
+    last = start  # in UTC, as the database gives it: no wall-clock arithmetic
+    while last < end:
+        now = last + timedelta(minutes=1)
+        enqueued += in_utc(due_slots(schedule, zone, last, now, catch_up=False))
+        last = now
+    return enqueued
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_daily_slot_in_the_hour_that_repeats_runs_once(catch_up: bool) -> None:
+    # 02:30 local happens at 00:30 UTC (summer time) and again at 01:30 UTC (winter time)
+    night = (utc(24, 20), utc(25, 6))
+    if catch_up:
+        slots = due_slots("30 2 * * *", BERLIN, *night, catch_up=True)
+        assert in_utc(slots) == [utc(25, 0, 30)]
+    else:
+        assert slots_ticking("30 2 * * *", BERLIN, *night) == [utc(25, 0, 30)]
+    assert in_utc([next_slot("30 2 * * *", BERLIN, utc(25, 0, 30))]) == [utc(26, 1, 30)]
+
+
+def test_hourly_slots_run_in_both_passes_of_the_hour_that_repeats() -> None:
+    night = (utc(24, 23), utc(25, 3))
+    assert slots_ticking("0 * * * *", BERLIN, *night) == [utc(25, h) for h in range(0, 4)]
+    assert slots_ticking("*/30 * * * *", BERLIN, utc(25, 0), utc(25, 2)) == [
+        utc(25, 0, 30),
+        utc(25, 1),
+        utc(25, 1, 30),
+        utc(25, 2),
+    ]
+
+
+def test_a_daily_slot_in_the_hour_that_is_skipped_runs_when_it_ends() -> None:
+    # on 2026-03-29 Berlin springs from 02:00 CET to 03:00 CEST (01:00 UTC): 02:30 never is
+    night = (utc(28, 20, month=3), utc(29, 6, month=3))
+    slots = due_slots("30 2 * * *", BERLIN, *night, catch_up=True)
+    assert in_utc(slots) == [utc(29, 1, month=3)]
+
+
 @pytest.mark.parametrize("bad", ["61 * * * *", "every minute", "", "* * *", 5, None])
 def test_bad_schedules_are_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="is not a cron schedule"):

@@ -2,7 +2,9 @@
 
 A schedule is a cron expression of 5 fields (minute hour day month weekday), or 6 with
 seconds last (`*/10 * * * * 30`: every 10 minutes at second 30), or a nickname (`@hourly`,
-`@daily` …), read in a time zone (UTC by default). Each slot is enqueued once, whoever leads
+`@daily` …), read in a time zone (UTC by default), daylight saving included: a wall time
+that does not occur is run at the next one that does, and a schedule at fixed times of day
+runs once in the hour that repeats. Each slot is enqueued once, whoever leads
 (see `maintenance.cron`).
 """
 
@@ -40,8 +42,21 @@ def check_timezone(name: object) -> ZoneInfo:
 
 def next_slot(schedule: str, zone: ZoneInfo, after: datetime) -> datetime:
     """The schedule's first slot strictly after `after`."""
-    slot: datetime = croniter(schedule, after.astimezone(zone)).get_next(datetime)
-    return slot
+    walk = croniter(schedule, after.astimezone(zone))
+    while True:
+        slot: datetime = walk.get_next(datetime)
+        if not _repeated_wall_time(schedule, slot, zone):
+            return slot
+
+
+def _repeated_wall_time(schedule: str, slot: datetime, zone: ZoneInfo) -> bool:
+    """Whether `slot` is the second occurrence of its wall time (the hour repeated when
+    daylight saving ends) for a schedule at fixed times of day: a daily job at 02:30 runs once
+    on that day, as in cron. Schedules of every hour (`0 * * * *`, `* * * * *`) run in both
+    hours, since both pass."""
+    minutes, hours = croniter(schedule).expanded[:2]
+    every_hour = "*" in minutes or "*" in hours
+    return not every_hour and slot.astimezone(zone).fold == 1
 
 
 def due_slots(
@@ -57,7 +72,8 @@ def due_slots(
         slot: datetime = walk.get_prev(datetime)
         if slot <= last:
             break
-        slots.append(slot)
+        if not _repeated_wall_time(schedule, slot, zone):
+            slots.append(slot)
     return slots[::-1]
 
 
