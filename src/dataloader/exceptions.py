@@ -6,7 +6,7 @@ DataloaderError
 ├── InvalidJobArgs          task arguments rejected by the task's pydantic model
 ├── InvalidJob              a new job's field out of bounds (also a ValueError)
 ├── IdempotencyConflict     an idempotency_key already names a job with other fields
-├── UnknownTask             a trigger names a task no live process knows (HTTP only)
+├── UnknownTask             a trigger names a task no live process knows (HTTP, CLI)
 ├── DatabaseUnavailable     PostgreSQL cannot be reached
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
@@ -21,7 +21,7 @@ NotRetryable                a client's retry of a job that cannot be retried (al
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 from dataloader.core.retry import seconds
@@ -71,15 +71,29 @@ class NotRetryable(DataloaderError, ValueError):
     """A client asked to retry a job that cannot be retried; the message says why."""
 
 
+#: Known task names listed when a task is unknown; the rest are counted.
+SHOWN_TASKS = 20
+
+
 class UnknownTask(DataloaderError):
     """A trigger names a task that no live process knows (see DL_ALLOW_UNKNOWN_TASKS)."""
 
-    def __init__(self, task: str, known: str) -> None:
+    def __init__(self, task: str, known_tasks: Iterable[str]) -> None:
         super().__init__(
-            f"task {task!r} is not known to any live process ({known}); set"
-            " DL_ALLOW_UNKNOWN_TASKS=true to accept it anyway (e.g. during a rolling deploy)"
+            f"task {task!r} is not known to any live process ({_describe_known(known_tasks)});"
+            " set DL_ALLOW_UNKNOWN_TASKS=true to accept it anyway (e.g. during a rolling deploy)"
         )
         self.task = task
+
+
+def _describe_known(tasks: Iterable[str]) -> str:
+    """The known names for UnknownTask's message, the first `SHOWN_TASKS` of them."""
+    names = sorted(tasks)
+    if not names:
+        return "no live process knows any task"
+    shown = ", ".join(names[:SHOWN_TASKS])
+    rest = len(names) - SHOWN_TASKS
+    return f"known: {shown}" + (f" and {rest} more" if rest > 0 else "")
 
 
 class DatabaseUnavailable(DataloaderError):

@@ -120,6 +120,28 @@ async def claimed_since_now(worker: QueueWorker) -> None:
     await wait_until(answered, what=f"a claim of {worker.queue}")
 
 
+async def add_worker(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    queues: dict[str, int],
+    tasks: list[str],
+    *,
+    seen_ago_sec: float = 0,
+    period_sec: float = 5,
+) -> None:
+    """A row of another process, last seen `seen_ago_sec` ago."""
+    await conn.execute(
+        "INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec,"
+        " seen_at) VALUES ($1, 'elsewhere', 1, '0', $2::jsonb, $3, $4,"
+        " now() - make_interval(secs => $5))",
+        worker_id,
+        json.dumps(queues),
+        tasks,
+        period_sec,
+        seen_ago_sec,
+    )
+
+
 async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
     """The kinds of a job's journal rows, oldest first."""
     rows = await conn.fetch(

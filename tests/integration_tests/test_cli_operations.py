@@ -21,7 +21,7 @@ from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.runner import Runner
 
-from .helpers import wait_until
+from .helpers import add_worker, wait_until
 from .procs import DATALOADER_SCRIPT, clean_env
 
 #: A password that must never appear in the output.
@@ -153,7 +153,7 @@ async def test_enqueue_under_a_known_idempotency_key_says_so(cli: Cli) -> None:
         (["demo.noop", "--queue", "q", "--args", "{not json"], "--args: not JSON"),
         (["demo.noop", "--queue", "q", "--args", "[1, 2]"], "--args: must be a JSON object"),
         (["demo.sleep", "--queue", "q", "--args", '{"seconds": "soon"}'], "seconds"),
-        (["etl.unknown"], "queue: required"),
+        (["demo.noop"], "queue: required"),
         (["demo.noop", "--queue", "q", "--max-attempts", "0"], "max_attempts"),
     ],
     ids=["not-json", "not-an-object", "args-of-the-wrong-type", "no-queue", "no-attempts"],
@@ -164,6 +164,27 @@ async def test_enqueue_refuses_invalid_input_in_one_line(
     result = await cli("enqueue", *args, "--lock-key", "k", "--json")
     assert reason in failed_in_one_line(result, 1)
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
+
+
+async def test_enqueue_refuses_a_task_no_live_process_knows_as_the_http_trigger_does(
+    cli: Cli, conn: asyncpg.Connection
+) -> None:
+    command = ("enqueue", "etl.load", "--queue", "etl", "--lock-key", "k", "--json")
+    line = failed_in_one_line(await cli(*command), 1)
+    assert "'etl.load' is not known to any live process" in line
+    assert "DL_ALLOW_UNKNOWN_TASKS" in line
+    assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
+
+    await add_worker(conn, "elsewhere", {"etl": 1}, ["etl.load"])
+    assert (await cli.json(*command[:-1]))["created"] is True
+
+    opted_out = await cli(
+        "enqueue", "etl.not.deployed.yet", "--queue", "etl", "--lock-key", "k",
+        env={"DL_ALLOW_UNKNOWN_TASKS": "true"},
+    )  # fmt: skip
+    assert opted_out.returncode == 0, opted_out
+    tasks = await conn.fetch("SELECT task FROM dl_jobs ORDER BY created_at")
+    assert [row["task"] for row in tasks] == ["etl.load", "etl.not.deployed.yet"]
 
 
 @pytest.mark.parametrize(

@@ -20,29 +20,8 @@ from dataloader.storage.presence import PresenceStore, WorkerInfo
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until
+from .helpers import add_worker
 from .v1_api.constants import STATUS_URL, TRIGGER_URL
-
-
-async def add_worker(
-    conn: asyncpg.Connection,
-    worker_id: str,
-    queues: dict[str, int],
-    tasks: list[str],
-    *,
-    seen_ago_sec: float = 0,
-    period_sec: float = 5,
-) -> None:
-    """A row of another process, last seen `seen_ago_sec` ago."""
-    await conn.execute(
-        "INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec,"
-        " seen_at) VALUES ($1, 'elsewhere', 1, '0', $2::jsonb, $3, $4,"
-        " now() - make_interval(secs => $5))",
-        worker_id,
-        json.dumps(queues),
-        tasks,
-        period_sec,
-        seen_ago_sec,
-    )
 
 
 async def rows(conn: asyncpg.Connection) -> dict[str, asyncpg.Record]:

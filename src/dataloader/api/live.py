@@ -18,8 +18,6 @@ from dataloader.storage.presence import PresenceStore
 CACHE_SEC = 1.0
 #: Age beyond which a trigger naming a task missing from the set reads it again.
 MISS_CACHE_SEC = 0.25
-#: Names listed in a refusal; the rest are counted.
-SHOWN_TASKS = 20
 
 
 class LiveTasks:
@@ -55,13 +53,3 @@ class LiveTasks:
         tasks = await self.store.live_tasks()
         self._tasks, self._read_at = tasks, time.monotonic()
         return tasks
-
-
-def describe_known(tasks: frozenset[str]) -> str:
-    """The known names for a message, the first `SHOWN_TASKS` of them."""
-    if not tasks:
-        return "no live process knows any task"
-    names = sorted(tasks)
-    shown = ", ".join(names[:SHOWN_TASKS])
-    more = f" and {len(names) - SHOWN_TASKS} more" if len(names) > SHOWN_TASKS else ""
-    return f"known: {shown}{more}"

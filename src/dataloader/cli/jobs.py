@@ -22,6 +22,7 @@ from dataloader.cli.common import (
     connected,
     fail,
     import_pipelines,
+    inspected,
     operator_settings,
     run,
 )
@@ -36,7 +37,8 @@ from dataloader.cli.output import (
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.core.models import EnqueueResult, JobState
-from dataloader.exceptions import ConfigError, InvalidJob
+from dataloader.exceptions import ConfigError, InvalidJob, UnknownTask
+from dataloader.storage.presence import PresenceStore
 from dataloader.storage.repositories import JobPage
 from dataloader.workers.pipelines.registry import registry as default_registry
 
@@ -77,8 +79,10 @@ def enqueue(
 
     Options left out come from the task's definition when DL_PIPELINE_MODULES registers it
     (its queue, priority, attempts; its args are checked against its model), then from the
-    settings. With --wait: the job's final state, and exit 4 if it ended failed, canceled or
-    lost (5 if --timeout ran out first)."""
+    settings. A TASK that neither DL_PIPELINE_MODULES registers nor any live process knows
+    is refused, as over HTTP, unless DL_ALLOW_UNKNOWN_TASKS=true. With --wait: the job's
+    final state, and exit 4 if it ended failed, canceled or lost (5 if --timeout ran out
+    first)."""
     settings = operator_settings()
     try:
         import_pipelines(settings.pipeline_modules)
@@ -108,13 +112,23 @@ async def _enqueue(
 ) -> int:
     """Enqueue `job` (`Client.enqueue`'s arguments) with `args` (the JSON text given), and
     with `wait` wait for its end; the command's exit code."""
-    async with connected(settings, actor, default_registry) as client:
-        enqueued = await client.enqueue(args=_json_object(args), **job)
+    async with inspected(settings) as (client, pool):
+        if not settings.allow_unknown_tasks and default_registry.get(job["task"]) is None:
+            await _check_live(PresenceStore(pool), job["task"])
+        enqueued = await client.acting_as(actor).enqueue(args=_json_object(args), **job)
         if not (wait and as_json):  # with --json only the final state is shown
             _show_enqueued(enqueued, as_json)
         if not wait:
             return ExitCode.OK
         return await _wait_for(client, enqueued, timeout, as_json)
+
+
+async def _check_live(presence: PresenceStore, task: str) -> None:
+    """UnknownTask unless some live process knows `task`, as the HTTP trigger checks: a
+    misspelt name would otherwise be retried for minutes before it failed."""
+    known = await presence.live_tasks()
+    if task not in known:
+        raise UnknownTask(task, known)
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

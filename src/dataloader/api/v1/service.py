@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 
-from dataloader.api.live import LiveTasks, describe_known
+from dataloader.api.live import LiveTasks
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.contract import ContractGuard
@@ -52,8 +52,7 @@ class JobsService:
         if not self._settings.allow_unknown_tasks and not await self._live_tasks.knows(
             request.task
         ):
-            known = describe_known(self._live_tasks.last_known or frozenset())
-            raise UnknownTask(request.task, known)
+            raise UnknownTask(request.task, self._live_tasks.last_known or ())
         if self._contract is not None:
             self._contract.check(request.task, request.queue, request.args)
         result = await self._client.acting_as(actor).enqueue(
