@@ -6,6 +6,10 @@
 
 When the run ends, no process it started may be left (`tests/leftovers.py`).
 
+Generated cases (hypothesis, schemathesis) are the same at every run, so that a red run means
+that a change broke something; `DL_FUZZ=explore` draws new ones at each run, to look for
+failures no run has met yet.
+
 Each test gets its own database, cloned from a template that already holds the migrated schema
 (`CREATE DATABASE … TEMPLATE`), so tests never share state and need no per-test migration.
 """
@@ -22,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import hypothesis
 import pytest
 
 from dataloader.storage import db
@@ -31,6 +36,12 @@ from dataloader.storage.migrate import load_migrations, migrate
 from . import leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: Whether generated cases are new at each run (see above).
+FUZZ_EXPLORE = os.environ.get("DL_FUZZ") == "explore"
+hypothesis.settings.register_profile("repeatable", derandomize=True, database=None)
+hypothesis.settings.register_profile("explore", database=None, print_blob=True)
+hypothesis.settings.load_profile("explore" if FUZZ_EXPLORE else "repeatable")
 
 #: The handle of this process on the shared embedded server, once it asked for one.
 _embedded: list[Any] = []

@@ -42,7 +42,9 @@ async def test_the_leader_of_three_replicas_requeues_each_expired_job_once(
 ) -> None:
     """Only the replica that leads maintenance reaps (reapers racing each other, as a leader
     frozen past its lease would, are fenced: test_worker_protocol runs three at once)."""
-    replicas = await scenario.start(3, concurrency=8)
+    # a lease long enough that no renewal late under this load hands the lead over: the test
+    # is about who reaps while one leads
+    replicas = await scenario.start(3, concurrency=8, DL_LEADER_LEASE_SEC="30")
     orphans = 2000
     await scenario.conn.execute(ORPHANS, QUEUE, TASK, orphans, GHOST_WORKER, 3.0)
     scenario.jobs_added += orphans

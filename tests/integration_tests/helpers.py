@@ -151,6 +151,12 @@ async def event_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
     return [r["kind"] for r in rows]
 
 
+async def lifecycle_kinds(conn: asyncpg.Connection, job_id: str) -> list[str]:
+    """The kinds of a job's journal rows but heartbeats, oldest first: a beat journals one
+    whenever it comes, even between the end of a run and the write of its outcome."""
+    return [kind for kind in await event_kinds(conn, job_id) if kind != "heartbeat"]
+
+
 async def event_payloads(conn: asyncpg.Connection, job_id: str, kind: str) -> list[Any]:
     """The payloads of a job's journal rows of one kind, oldest first."""
     rows = await conn.fetch(

@@ -41,12 +41,30 @@ DATALOADER_SCRIPT = Path(sys.executable).parent / "dataloader"
 PYTHON_M_DATALOADER = (sys.executable, "-m", "dataloader")
 
 
+#: Ports handed to services, below the ephemeral range that outgoing connections take theirs
+#: from (so none can take a port between the test choosing it and the service binding it),
+#: in a band of their own per test process (pytest-xdist worker `gwN`).
+PORT_BAND_START = 20000
+PORT_BAND_SIZE = 1000
+PORT_BANDS = 12  # up to 31999
+_next_ports: dict[str, int] = {}
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port nobody listens on right now, not handed out before by this test process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw") or 0) % PORT_BANDS
+    band = PORT_BAND_START + PORT_BAND_SIZE * index
+    for _ in range(PORT_BAND_SIZE):
+        offset = _next_ports.get(worker, 0)
+        _next_ports[worker] = (offset + 1) % PORT_BAND_SIZE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", band + offset))
+            except OSError:
+                continue  # someone else's
+            return band + offset
+    raise RuntimeError(f"no free port in {band}..{band + PORT_BAND_SIZE - 1}")
 
 
 def clean_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:

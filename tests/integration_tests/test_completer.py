@@ -15,7 +15,7 @@ from dataloader.logger.context_vars import current_context
 from dataloader.workers.runtime import RunningJob
 
 from .conftest import Service, StartService
-from .helpers import event_kinds, event_payloads, wait_until
+from .helpers import event_kinds, event_payloads, lifecycle_kinds, wait_until
 
 #: A queue no worker of the test's service serves: its jobs are claimed by hand.
 MANUAL = "manual"
@@ -38,12 +38,6 @@ def success(value: int) -> Outcome:
 async def status_of(conn: asyncpg.Connection, job_id: uuid.UUID) -> str:
     status: str = await conn.fetchval("SELECT status::text FROM dl_jobs WHERE job_id = $1", job_id)
     return status
-
-
-async def journal(conn: asyncpg.Connection, job_id: uuid.UUID) -> list[str]:
-    """The kinds of the job's journal entries, but heartbeats (the service's heartbeat may
-    journal one for a job it keeps alive, whenever it beats)."""
-    return [kind for kind in await event_kinds(conn, str(job_id)) if kind != "heartbeat"]
 
 
 def running(service: Service, claimed: RunningJob) -> RunningJob:
@@ -70,7 +64,7 @@ async def test_an_outcome_the_database_refuses_does_not_take_the_flush_down(
 
     for job in good:
         assert await status_of(conn, job.job_id) == "succeeded"
-        assert await journal(conn, job.job_id) == ["queued", "picked", "done"]
+        assert await lifecycle_kinds(conn, str(job.job_id)) == ["queued", "picked", "done"]
         assert job.job_id not in runtime.running
     # the refused one alone was given up to the reaper: its lease is no longer extended
     assert await status_of(conn, poison.job_id) == "running"
@@ -115,7 +109,7 @@ async def test_two_outcomes_of_one_job_in_a_flush_are_each_fenced_on_their_claim
     state = await service.dl.get(job.job_id)
     assert state is not None
     assert (state.status, state.result, state.error) == (JobStatus.SUCCEEDED, {"value": 2}, None)
-    kinds = await journal(conn, job.job_id)
+    kinds = await lifecycle_kinds(conn, str(job.job_id))
     assert kinds[-2:] == ["picked", "done"]  # nothing of the stale claim's
 
 

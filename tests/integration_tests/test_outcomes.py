@@ -80,7 +80,7 @@ async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
     and the write lands once the database takes it."""
     gate = gated(registry, "t.gated")
     service = await start_service(reaper_period_sec=0.1)
-    job_id = await service.trigger(task="t.gated", max_attempts=1, lease_ttl_sec=1)
+    job_id = await service.trigger(task="t.gated", max_attempts=1, lease_ttl_sec=3)
     await wait_until(pipeline_running(service.manager, job_id), what="the job to run")
     await conn.execute(CUT_SUCCESS)
     first_lease = await lease_expires_at(conn, job_id)
@@ -89,7 +89,7 @@ async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
 
     async def refused_past_the_first_lease() -> bool:
         lease = await lease_expires_at(conn, job_id)
-        return completer.failed_writes >= 3 and lease > first_lease + dt.timedelta(seconds=1.5)
+        return completer.failed_writes >= 3 and lease > first_lease + dt.timedelta(seconds=4)
 
     await wait_until(refused_past_the_first_lease, what="refusals outlasting the first lease")
     assert (await service.status(job_id))["status"] == "running"  # not reaped
@@ -328,7 +328,7 @@ async def test_a_pipeline_winding_down_after_its_lock_is_lost_keeps_its_lease(
             raise
 
     service = await start_service(reaper_period_sec=0.1)
-    job_id = await service.trigger(task="t.slow_cleanup", lease_ttl_sec=1)
+    job_id = await service.trigger(task="t.slow_cleanup", lease_ttl_sec=3)
     await wait_until(pipeline_running(service.manager, job_id), what="the job to run")
     await conn.execute("SELECT pg_terminate_backend($1)", service.manager.runtime.locks.backend_pid)
     await asyncio.wait_for(cleaning_up.wait(), timeout=10)
@@ -336,7 +336,7 @@ async def test_a_pipeline_winding_down_after_its_lock_is_lost_keeps_its_lease(
 
     async def extended_past_the_first_lease() -> bool:
         lease = await lease_expires_at(conn, job_id)
-        return lease is not None and lease > first_lease + dt.timedelta(seconds=2)
+        return lease is not None and lease > first_lease + dt.timedelta(seconds=4)
 
     await wait_until(extended_past_the_first_lease, what="the lease to be kept alive")
     cleanup_done.set()

@@ -66,8 +66,9 @@ async def test_a_process_serving_no_queue_claims_no_task(
 async def test_a_stale_process_is_not_live_and_is_pruned_later(
     db_dsn: str, conn: asyncpg.Connection
 ) -> None:
-    await add_worker(conn, "fresh", {"q": 1}, ["t.fresh"], seen_ago_sec=1, period_sec=1)
-    await add_worker(conn, "late", {"q": 1}, ["t.late"], seen_ago_sec=4, period_sec=1)
+    # live while seen within three of its periods
+    await add_worker(conn, "fresh", {"q": 1}, ["t.fresh"], seen_ago_sec=1, period_sec=10)
+    await add_worker(conn, "late", {"q": 1}, ["t.late"], seen_ago_sec=40, period_sec=10)
     await add_worker(conn, "dead", {"q": 1}, ["t.dead"], seen_ago_sec=7200, period_sec=1)
     pool = await db.create_pool(db_dsn, 2, "test-presence")
     try:

@@ -49,7 +49,7 @@ async def test_starts_on_an_empty_database_creates_the_schema_and_runs_a_job(
     launcher: Launcher, empty_db_dsn: str
 ) -> None:
     service = launcher.start(empty_db_dsn)
-    await service.wait_healthy(within=10)
+    await service.wait_healthy()
 
     conn = await asyncpg.connect(empty_db_dsn)
     try:
@@ -60,7 +60,7 @@ async def test_starts_on_an_empty_database_creates_the_schema_and_runs_a_job(
     finally:
         await conn.close()
 
-    job_id = await service.trigger(task="demo.sleep", args={"seconds": 1, "chunks": 4})
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 3, "chunks": 6})
     seen: list[int] = []  # progress["done"] observed while the job ran
     deadline = time.monotonic() + 20
     while (body := await service.status(job_id))["status"] != "succeeded":
@@ -70,7 +70,7 @@ async def test_starts_on_an_empty_database_creates_the_schema_and_runs_a_job(
         assert time.monotonic() < deadline, f"job still {body['status']}\n{service.logs()}"
         await asyncio.sleep(0.02)
 
-    assert body["progress"] == {"done": 4, "total": 4}
+    assert body["progress"] == {"done": 6, "total": 6}
     assert body["attempt"] == 1
     assert seen == sorted(seen), seen
     assert len(set(seen)) >= 2, f"progress was not seen growing: {seen}"
@@ -204,7 +204,7 @@ async def test_stop_signal_lets_a_short_job_finish_and_exits_0(
 ) -> None:
     service = launcher.start(db_dsn, DL_SHUTDOWN_TIMEOUT_SEC="10")
     await service.wait_healthy()
-    job_id = await service.trigger(task="demo.sleep", args={"seconds": 1, "chunks": 4})
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 3, "chunks": 6})
     await service.wait_status(job_id, "running")
 
     signalled_at = await conn.fetchval("SELECT clock_timestamp()")
@@ -214,7 +214,7 @@ async def test_stop_signal_lets_a_short_job_finish_and_exits_0(
 
     row = await job_row(conn, job_id)
     assert (row["status"], row["attempt"]) == ("succeeded", 1)
-    assert json.loads(row["progress"]) == {"done": 4, "total": 4}
+    assert json.loads(row["progress"]) == {"done": 6, "total": 6}
     assert row["finished_at"] > signalled_at  # it was still running when the signal came
     kinds = [kind for kind, _ in await events_of(conn, job_id)]
     assert "requeue" not in kinds

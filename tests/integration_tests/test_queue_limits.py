@@ -110,7 +110,10 @@ async def test_starts_per_second_stay_within_the_rate(
     await first.dl.set_limits("limited", max_per_second=rate)
     await run_all(first, 60)
     starts = ledger.starts()
-    tolerance = 0.1  # the first job's handler starts a little after its claim
+    # the bucket runs on the database's clock: a handler starts a little after its claim, the
+    # first one later than the others (its statements planned for the first time); 60 starts
+    # without a limit take well under the 1.6 s this still demands
+    tolerance = 0.4
     for n, start in enumerate(starts, start=1):
         assert start - starts[0] >= (n - rate) / rate - tolerance, n
 

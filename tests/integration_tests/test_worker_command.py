@@ -287,7 +287,7 @@ async def test_a_stop_signal_lets_a_short_job_finish_and_exits_0(
     launcher: Launcher, db_dsn: str, conn: asyncpg.Connection, signum: int
 ) -> None:
     worker = start_worker(launcher, db_dsn, DL_SHUTDOWN_TIMEOUT_SEC="20")
-    job_id = await insert_job(conn, "demo.sleep", {"seconds": 1, "chunks": 4})
+    job_id = await insert_job(conn, "demo.sleep", {"seconds": 3, "chunks": 6})
 
     async def running() -> bool:
         return (await job_row(conn, job_id))["status"] == "running"

@@ -13,7 +13,7 @@ from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until
-from .helpers import event_kinds
+from .helpers import event_kinds, lifecycle_kinds
 
 
 async def test_noop_job_succeeds_and_is_journaled(
@@ -25,7 +25,7 @@ async def test_noop_job_succeeds_and_is_journaled(
     assert body["attempt"] == 1
     assert body["started_at"] is not None
     assert body["finished_at"] is not None
-    assert await event_kinds(conn, job_id) == ["queued", "picked", "done"]
+    assert await lifecycle_kinds(conn, job_id) == ["queued", "picked", "done"]
     lease = await conn.fetchval("SELECT lease_expires_at FROM dl_jobs WHERE job_id = $1", job_id)
     assert lease is None
 

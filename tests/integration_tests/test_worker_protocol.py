@@ -18,7 +18,7 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
-from .helpers import block_first_run, event_kinds, pipeline_running
+from .helpers import block_first_run, lifecycle_kinds, pipeline_running
 
 
 async def count(conn: asyncpg.Connection, sql: str, *args: Any) -> int:
@@ -135,7 +135,7 @@ async def test_reaper_requeues_an_expired_lease_and_the_job_runs_again(
     service = await start_service()
     body = await service.wait_status(job_id, "succeeded")
     assert body["attempt"] == 2
-    assert await event_kinds(conn, job_id) == ["requeue", "picked", "done"]
+    assert await lifecycle_kinds(conn, job_id) == ["requeue", "picked", "done"]
 
 
 async def test_lease_expired_on_the_last_attempt_is_lost(
@@ -304,12 +304,12 @@ async def test_listener_reconnects_after_its_connection_is_killed(
 async def test_short_lease_is_kept_alive_by_a_faster_heartbeat(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:
-    # DL_HEARTBEAT_SEC (10 s) is longer than the job's 1 s lease: beats must come faster.
+    # DL_HEARTBEAT_SEC (10 s) is longer than the job's 3 s lease: beats must come faster.
     service = await start_service(heartbeat_sec=10)
     job_id = await service.trigger(
-        task="demo.sleep", args={"seconds": 2.5, "chunks": 5}, lease_ttl_sec=1
+        task="demo.sleep", args={"seconds": 6, "chunks": 12}, lease_ttl_sec=3
     )
-    body = await service.wait_status(job_id, "succeeded", timeout=20)
+    body = await service.wait_status(job_id, "succeeded", timeout=30)
     assert body["attempt"] == 1
     reaped = await count(
         conn, "SELECT count(*) FROM dl_job_events WHERE job_id = $1 AND kind = 'requeue'", job_id

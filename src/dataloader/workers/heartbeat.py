@@ -134,12 +134,10 @@ class Heartbeat:
         if not running:
             return
         now = time.monotonic()
-        beats = []
-        for r in running:
-            journal = now - r.last_journaled >= JOURNAL_EVERY_SEC
-            if journal:
-                r.last_journaled = now
-            beats.append((r.job.job_id, r.job.claim_token, journal))
+        beats = [
+            (r.job.job_id, r.job.claim_token, now - r.last_journaled >= JOURNAL_EVERY_SEC)
+            for r in running
+        ]
         alive = await self._rt.protocol.heartbeat(beats, self._rt.worker_id)
         for r in running:
             beat = alive.get(r.job.job_id)
@@ -152,6 +150,8 @@ class Heartbeat:
                 continue
             if beat.extended:
                 r.lease_extended_at = now
+                if now - r.last_journaled >= JOURNAL_EVERY_SEC:
+                    r.last_journaled = now  # journaled with the extension; a skipped row was not
             elif now - r.lease_extended_at >= beat_period_for(r.job.lease_ttl_sec):  # not passing
                 log.warning(
                     "job %s: its row is locked by another session; lease not extended for %.1fs",

@@ -18,7 +18,7 @@ from dataloader.api.os_router import package_version
 from dataloader.core import limits
 
 from ..conftest import StartService, wait_until
-from ..helpers import event_kinds
+from ..helpers import event_kinds, lifecycle_kinds
 from .constants import (
     HEALTH_URL,
     INVALID_RAW_BODIES,
@@ -153,7 +153,7 @@ async def test_cancel_of_a_finished_job_changes_nothing(
     assert body["finished_at"] == finished["finished_at"]
     assert body["cancel_requested"] is False
     assert body == finished
-    assert await event_kinds(conn, job_id) == ["queued", "picked", "done"]
+    assert await lifecycle_kinds(conn, job_id) == ["queued", "picked", "done"]
 
 
 # --- idempotency -----------------------------------------------------------------------------
