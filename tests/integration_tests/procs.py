@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -43,11 +44,12 @@ PYTHON_M_DATALOADER = (sys.executable, "-m", "dataloader")
 
 #: Ports handed to services, below the ephemeral range that outgoing connections take theirs
 #: from (so none can take a port between the test choosing it and the service binding it),
-#: in a band of their own per test process (pytest-xdist worker `gwN`).
+#: in a band of their own per test process (pytest-xdist worker `gwN`), taken in turn from a
+#: random start (two runs on one machine rarely meet).
 PORT_BAND_START = 20000
 PORT_BAND_SIZE = 1000
 PORT_BANDS = 12  # up to 31999
-_next_ports: dict[str, int] = {}
+_next_port = [random.randrange(PORT_BAND_SIZE)]
 
 
 def free_port() -> int:
@@ -56,8 +58,8 @@ def free_port() -> int:
     index = int(worker.removeprefix("gw") or 0) % PORT_BANDS
     band = PORT_BAND_START + PORT_BAND_SIZE * index
     for _ in range(PORT_BAND_SIZE):
-        offset = _next_ports.get(worker, 0)
-        _next_ports[worker] = (offset + 1) % PORT_BAND_SIZE
+        offset = _next_port[0]
+        _next_port[0] = (offset + 1) % PORT_BAND_SIZE
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", band + offset))
