@@ -1005,6 +1005,8 @@ LIST_FILTERS: dict[str, dict[str, Any]] = {
     "task": {"task": "t7"},
     "lock_key": {"lock_key": "done-4242"},
     "one_day": {"created_from": "day 10", "created_until": "day 11"},
+    "finished_one_day": {"finished_from": "day 5", "finished_until": "day 6"},
+    "finished_before": {"finished_until": "day 5"},
     "rare_queue_succeeded": {"queue": "rare", "status": "succeeded"},
 }
 

@@ -159,7 +159,9 @@ JOB_FILTERS: Final = {
     "created_from": "created_at >= :created_from",
     "created_until": "created_at < :created_until",
     "finished_from": "finished_at >= :finished_from",
-    "finished_until": "finished_at < :finished_until",
+    # a job is created before it finishes (both are the database's now()): the bound on
+    # created_at starts the walk of the order's index at the range, not at the newest job
+    "finished_until": "finished_at < :finished_until AND created_at < :finished_until",
     # the keyset of the next page: the last job of the page before
     "after": "(created_at, job_id) < (:after_created, :after_id::uuid)",
 }

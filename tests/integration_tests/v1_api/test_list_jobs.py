@@ -56,6 +56,33 @@ async def test_each_filter_applies(start_service: StartService, conn: asyncpg.Co
     assert listed == status  # a listed job reads as its status does
 
 
+async def test_a_finished_range_lists_long_jobs_created_before_it(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The range bounds when jobs finished, whenever they were created."""
+    service = await start_service(run_workers=False)
+    rows = await conn.fetch(
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, created_at, finished_at)"
+        " VALUES (gen_random_uuid(), 'q', 't', 'long', 'succeeded', now() - interval '10 days',"
+        "         now() - interval '1 day'),"
+        "        (gen_random_uuid(), 'q', 't', 'before', 'succeeded', now() - interval '3 days',"
+        "         now() - interval '3 days'),"
+        "        (gen_random_uuid(), 'q', 't', 'after', 'succeeded', now() - interval '1 hour',"
+        "         now() - interval '1 hour')"
+        " RETURNING job_id::text, lock_key, now() AS now"
+    )
+    long_job = next(r["job_id"] for r in rows if r["lock_key"] == "long")
+    now = rows[0]["now"]
+    window = {
+        "finished_from": (now - timedelta(days=2)).isoformat(),
+        "finished_until": (now - timedelta(hours=12)).isoformat(),
+    }
+    assert await ids(service, **window) == [long_job]
+    assert await ids(service, finished_until=window["finished_until"], lock_key="long") == [
+        long_job
+    ]
+
+
 async def test_pages_are_stable_under_inserts(start_service: StartService) -> None:
     service = await start_service(run_workers=False)
     first = [await service.trigger(task="t", lock_key=f"old{i}") for i in range(5)]
