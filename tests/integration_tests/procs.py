@@ -46,17 +46,16 @@ PYTHON_M_DATALOADER = (sys.executable, "-m", "dataloader")
 #: from (so none can take a port between the test choosing it and the service binding it),
 #: in a band of their own per test process (pytest-xdist worker `gwN`), taken in turn from a
 #: random start (two runs on one machine rarely meet).
-PORT_BAND_START = 20000
-PORT_BAND_SIZE = 1000
-PORT_BANDS = 12  # up to 31999
+PORT_RANGE = (20000, 32000)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+PORT_BAND_SIZE = (PORT_RANGE[1] - PORT_RANGE[0]) // max(_WORKERS, 1)
 _next_port = [random.randrange(PORT_BAND_SIZE)]
 
 
 def free_port() -> int:
     """A TCP port nobody listens on right now, not handed out before by this test process."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker.removeprefix("gw") or 0) % PORT_BANDS
-    band = PORT_BAND_START + PORT_BAND_SIZE * index
+    band = PORT_RANGE[0] + PORT_BAND_SIZE * int(worker.removeprefix("gw") or 0)
     for _ in range(PORT_BAND_SIZE):
         offset = _next_port[0]
         _next_port[0] = (offset + 1) % PORT_BAND_SIZE

@@ -87,6 +87,27 @@ def slots_ticking(schedule: str, zone: ZoneInfo, start: datetime, end: datetime)
     return enqueued
 
 
+@pytest.mark.parametrize(
+    ("schedule", "zone", "utc_hour"),
+    [
+        ("0 3 * * *", UTC_ZONE, 3),
+        ("@daily", UTC_ZONE, 0),
+        ("30 2 * * *", BERLIN, 0),  # 02:30 summer time, before the change
+        ("15 10 * * * 30", ZoneInfo("Asia/Tokyo"), 1),  # seconds last: 10:15:30 in Tokyo
+    ],
+)
+def test_a_schedule_at_a_fixed_time_of_day_runs_every_ordinary_day(
+    schedule: str, zone: ZoneInfo, utc_hour: int
+) -> None:
+    days = (utc(9, 23), utc(12, 23))  # three days of October without a change
+    slots = in_utc(due_slots(schedule, zone, *days, catch_up=True))
+    assert [(slot.day, slot.hour) for slot in slots] == [(d, utc_hour) for d in (10, 11, 12)]
+    assert [slot.date() for slot in slots_ticking(schedule, zone, *days)] == [
+        slot.date() for slot in slots
+    ]
+    assert in_utc([next_slot(schedule, zone, slots[0])]) == [slots[1]]
+
+
 @pytest.mark.parametrize("catch_up", [True, False])
 def test_a_daily_slot_in_the_hour_that_repeats_runs_once(catch_up: bool) -> None:
     # 02:30 local happens at 00:30 UTC (summer time) and again at 01:30 UTC (winter time)

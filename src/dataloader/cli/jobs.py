@@ -112,10 +112,11 @@ async def _enqueue(
 ) -> int:
     """Enqueue `job` (`Client.enqueue`'s arguments) with `args` (the JSON text given), and
     with `wait` wait for its end; the command's exit code."""
-    async with inspected(settings) as (client, pool):
-        if not settings.allow_unknown_tasks and default_registry.get(job["task"]) is None:
+    if not settings.allow_unknown_tasks and default_registry.get(job["task"]) is None:
+        async with inspected(settings) as (_, pool):  # closed before a --wait that may be long
             await _check_live(PresenceStore(pool), job["task"])
-        enqueued = await client.acting_as(actor).enqueue(args=_json_object(args), **job)
+    async with connected(settings, actor, default_registry) as client:
+        enqueued = await client.enqueue(args=_json_object(args), **job)
         if not (wait and as_json):  # with --json only the final state is shown
             _show_enqueued(enqueued, as_json)
         if not wait:

@@ -2,15 +2,15 @@
 
 A schedule is a cron expression of 5 fields (minute hour day month weekday), or 6 with
 seconds last (`*/10 * * * * 30`: every 10 minutes at second 30), or a nickname (`@hourly`,
-`@daily` …), read in a time zone (UTC by default), daylight saving included: a wall time
-that does not occur is run at the next one that does, and a schedule at fixed times of day
-runs once in the hour that repeats. Each slot is enqueued once, whoever leads
-(see `maintenance.cron`).
+`@daily` …), read in a time zone (UTC by default), daylight saving included: a schedule at
+fixed times of day runs once at each of them (a wall time that does not occur at the next
+one that does, a repeated one in its first pass only); one of every hour or minute follows
+the clock as it is. Each slot is enqueued once, whoever leads (see `maintenance.cron`).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -56,7 +56,9 @@ def _repeated_wall_time(schedule: str, slot: datetime, zone: ZoneInfo) -> bool:
     hours, since both pass."""
     minutes, hours = croniter(schedule).expanded[:2]
     every_hour = "*" in minutes or "*" in hours
-    return not every_hour and slot.astimezone(zone).fold == 1
+    # the fold of the instant itself: croniter marks every slot it walks back to as fold=1,
+    # and astimezone() to the slot's own zone keeps whatever fold the slot carries
+    return not every_hour and slot.astimezone(UTC).astimezone(zone).fold == 1
 
 
 def due_slots(

@@ -24,8 +24,9 @@ LEASE_MARGIN = 0.9
 #: ...or this long before its lease runs out, if that is sooner: the time its hand-back needs
 #: to be written before the reaper may take the job (and count the attempt).
 MIN_SLACK_SEC = 0.5
-#: Beats within a fence window, so that a beat or two may miss (a row briefly locked).
-BEATS_PER_WINDOW = 3
+#: Beats that may try to extend a lease before its job is stopped, so that one or two may
+#: meet the row briefly locked. The window holds one beat more, its last on the deadline.
+TRIES_PER_WINDOW = 3
 INF = float("inf")
 
 
@@ -150,8 +151,10 @@ class Heartbeat:
                 continue
             if beat.extended:
                 r.lease_extended_at = now
+                # journaled with the extension, a skipped row not (a beat whose answer was
+                # lost after its commit journals once more: a row, never a gap of a minute)
                 if now - r.last_journaled >= JOURNAL_EVERY_SEC:
-                    r.last_journaled = now  # journaled with the extension; a skipped row was not
+                    r.last_journaled = now
             elif now - r.lease_extended_at >= beat_period_for(r.job.lease_ttl_sec):  # not passing
                 log.warning(
                     "job %s: its row is locked by another session; lease not extended for %.1fs",
@@ -168,10 +171,10 @@ def fence_window(lease_ttl_sec: float) -> float:
 
 
 def beat_period_for(lease_ttl_sec: float) -> float:
-    """The longest beat period that still gives a job three tries within its fence window: a
-    beat may find the row locked by the job's own progress write, and one missed beat must
-    not stop the job."""
-    return fence_window(lease_ttl_sec) / BEATS_PER_WINDOW
+    """The longest beat period that still gives a job three tries before its fence deadline,
+    each with a period's time for its round trip: a beat may find the row locked by the job's
+    own progress write, and one missed beat must not stop the job."""
+    return fence_window(lease_ttl_sec) / (TRIES_PER_WINDOW + 1)
 
 
 def _fence_at(running: RunningJob) -> float:
