@@ -278,8 +278,9 @@ async def test_a_past_finished_range_starts_its_walk_at_the_range(db_dsn: str) -
         )
         plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
         plan = json.loads(plan) if isinstance(plan, str) else plan
-        # without the bound: the 16,600 jobs that finished since are read and thrown away
-        assert _rows_removed(plan[0]["Plan"]) < 1000, plan
+        # without the bound, the 16,000 jobs that finished since are read and thrown away; with
+        # it, at most those created before the range's end (a bitmap of them: 3,334)
+        assert _rows_removed(plan[0]["Plan"]) < 5000, plan
     finally:
         await conn.close()
 
