@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import psutil
 
@@ -57,3 +58,15 @@ def end(procs: list[psutil.Process]) -> None:
     _, alive = psutil.wait_procs(procs, timeout=10)
     for proc in alive:
         proc.kill()
+
+
+def servers_of(pgdata: Path) -> list[psutil.Process]:
+    """The postmaster of the PostgreSQL server whose cluster is `pgdata`, if one runs (its
+    command line names the directory: `postgres -D <pgdata> …`)."""
+    found: list[psutil.Process] = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        command = proc.info.get("cmdline") or []
+        exited = proc.info.get("status") == psutil.STATUS_ZOMBIE
+        if "-D" in command and str(pgdata) in command and not exited:
+            found.append(proc)
+    return found

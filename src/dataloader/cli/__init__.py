@@ -13,7 +13,12 @@ what all share (settings, exit codes, one-line errors), `output.py` how they pri
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from importlib.metadata import version
+from types import FrameType
+from typing import NoReturn
 
 import typer
 
@@ -78,4 +83,27 @@ app.command(rich_help_panel=_SYSTEM)(maintenance.prune)
 def main() -> None:
     """Entry point of the `dataloader` script and of `python -m dataloader` (click names the
     program in usage lines after the way it was started)."""
+    _find_modules_in_working_directory()
+    signal.signal(signal.SIGTERM, _terminated)
     app()
+
+
+def _terminated(signum: int, frame: FrameType | None) -> NoReturn:
+    """SIGTERM (`timeout`, `kill`, a container stopping) ends a command as an error or Ctrl+C
+    does: the stack unwinds, connections close, and the process lets go of the embedded
+    server, which its last user stops. Python's default would end the process on the spot,
+    leaving the server running with the dead pid among its users. `serve` and `worker`
+    replace this with their graceful stop."""
+    raise SystemExit(ExitCode.TERMINATED)
+
+
+def _find_modules_in_working_directory() -> None:
+    """Let the modules of DL_PIPELINE_MODULES be found in the directory the command runs in,
+    as `python -m dataloader` does (and Celery's and RQ's commands): a console script's
+    import path starts with the script's own directory instead. `python -P` (or
+    PYTHONSAFEPATH) asks for no such entry, and gets none."""
+    if sys.flags.safe_path:
+        return
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)

@@ -51,6 +51,8 @@ class ExitCode(IntEnum):
     STILL_RUNNING = 5
     #: Ctrl+C (128 + SIGINT, as shells report it).
     INTERRUPTED = 130
+    #: SIGTERM (128 + SIGTERM), after the same clean-up as any other exit.
+    TERMINATED = 143
 
 
 JsonOption = Annotated[

