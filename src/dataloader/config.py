@@ -470,7 +470,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = [str(part) for part in first["loc"]]
-        variable = env_name(loc[0]) if loc else "configuration"
-        where = f" (item {'.'.join(loc[1:])})" if len(loc) > 1 else ""
         message = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{variable}{where}: {message}") from None
+        if not loc:  # a check across settings: its message names the variables it concerns
+            raise ConfigError(message) from None
+        where = f" (item {'.'.join(loc[1:])})" if len(loc) > 1 else ""
+        raise ConfigError(f"{env_name(loc[0])}{where}: {message}") from None

@@ -309,10 +309,27 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
         ("DRIVER=x;UID=u;PWD=abc;", "DRIVER=x;UID=u;PWD=***;"),
         ("the password is wrong", "the password is wrong"),
         ("nothing to hide", "nothing to hide"),
+        ("-H 'authorization: token abc123'", "-H 'authorization: token ***'"),
     ],
 )
 def test_mask_text(text: str, masked: str) -> None:
     assert mask_text(text) == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "DL_API_TOKENS: not valid JSON (Expecting value at position 0)",
+        "DL_API_TOKENS: two tokens have the same name",
+        "token: not set",
+        "password: must not be empty",
+        "DL_API_TOKENS (item 0.token): Field required",
+        "Bearer tokens of the API",
+        "Authorization: missing",
+    ],
+)
+def test_mask_text_leaves_the_words_of_a_sentence_that_names_a_secret(text: str) -> None:
+    assert mask_text(text) == text
 
 
 def test_mask_text_is_fast_on_large_input() -> None:

@@ -102,6 +102,9 @@ class Outcome:
     #: The tasks of the next stages: enqueued with a success (journaled `then`); named as
     #: `stopped_before` when the job ends failed or canceled.
     stages: tuple[str, ...] = ()
+    #: FAILED: what the task raised, whose traceback the log shows if the job fails for good
+    #: (a failure that will be retried is one line: it is expected).
+    raised: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

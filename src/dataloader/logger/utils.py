@@ -1,7 +1,9 @@
 """Masking of secrets before anything reaches a log line.
 
-Masking errs on the side of hiding too much: a log line that says `token=***` where the value
-was harmless costs nothing, a leaked database password costs a rotation.
+Masking hides values, never words: what is a value by its form (a URL's password, `key=value`,
+a quoted value under a secret's key, an `Authorization` header's credentials) is hidden
+whenever its key names a secret, harmless or not, since a leaked database password costs a
+rotation; a sentence that only names a secret ("DL_API_TOKENS: not valid JSON") is left whole.
 
 All patterns are linear-time on arbitrary input (anchored by look-behinds, possessive key
 match): log messages can be large and attacker-influenced (paths, error texts).
@@ -21,21 +23,29 @@ _URL_PASSWORD_RE = re.compile(
     r"(?P<password>[^\s/?#]*)@"
 )
 
-# key=value / key: value pairs whose key names a secret: libpq `password=...`, ODBC `PWD=...`,
-# query strings `?token=...`, reprs and JSON `'client_secret': '...'`. The look-ahead finds
-# the secret word anywhere in the key; the key itself is the whole word. An unquoted value
-# ends at whitespace, a quote, '&' or ';' (query strings, ODBC) -- not at ',' so a password
+# Values assigned to a key that names a secret: libpq `password=...`, ODBC `PWD=...`, query
+# strings `?token=...`, and quoted values of reprs and JSON (`'client_secret': '...'`). The
+# look-ahead finds the secret word anywhere in the key; the key itself is the whole word. Only
+# what is a value by its form is masked: after `=`, or in quotes after `:`. Prose that names a
+# secret ("DL_API_TOKENS: not valid JSON", "token: not set") keeps its words. An unquoted value
+# ends at whitespace, a quote, '&' or ';' (query strings, ODBC), not at ',' so a password
 # containing one is masked whole.
 _SECRET_WORDS = r"(?:password|passwd|pwd|secret|token|api[_-]?key)"
+_SECRET_KEY = rf"(?<![\w.-])(?=[\w.-]*?{_SECRET_WORDS})(?P<key>[\w.-]++)"
+_QUOTED = r"\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'"
 _KV_SECRET_RE = re.compile(
-    rf"(?<![\w.-])(?=[\w.-]*?{_SECRET_WORDS})(?P<key>[\w.-]++)"
-    r"(?P<sep>[\"']?\s*[=:]\s*)"
-    r"(?P<value>\"(?:[^\"\\]|\\.)*+\"|'(?:[^'\\]|\\.)*+'|[\"']?[^\s&;'\"]++)",
+    rf"{_SECRET_KEY}(?:"
+    rf"(?P<sep>\s*=\s*)(?P<value>{_QUOTED}|[\"']?[^\s&;'\"]++)"
+    rf"|(?P<quoted_sep>[\"']?\s*[=:]\s*)(?P<quoted>{_QUOTED}))",
     re.IGNORECASE,
 )
 
-# `Authorization: Bearer <token>` and the like.
-_BEARER_RE = re.compile(r"(?<![\w-])(?P<scheme>bearer)\s+[A-Za-z0-9\-._~+/]++=*", re.IGNORECASE)
+# The credentials of an `Authorization` header (`Authorization: Bearer <token>`), in any case.
+_AUTHORIZATION_RE = re.compile(
+    r"(?<![\w-])(?P<head>authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+)"
+    r"[A-Za-z0-9\-._~+/]++=*",
+    re.IGNORECASE,
+)
 
 # Mapping keys whose values are secrets (compared lower-cased, without '-' and '_').
 _SECRET_KEY_PARTS = (
@@ -56,11 +66,12 @@ def _mask_url_password(match: re.Match[str]) -> str:
 
 
 def _mask_kv_value(match: re.Match[str]) -> str:
-    value = match["value"]
+    sep = match["sep"] if match["sep"] is not None else match["quoted_sep"]
+    value = match["value"] if match["value"] is not None else match["quoted"]
     # keep the quotes so the masked text still reads like the original
     opening = value[0] if value[0] in "'\"" else ""
     closing = opening if len(value) > 1 and value.endswith(opening) else ""
-    return f"{match['key']}{match['sep']}{opening}{MASK}{closing}"
+    return f"{match['key']}{sep}{opening}{MASK}{closing}"
 
 
 def mask_dsn(dsn: str) -> str:
@@ -71,10 +82,11 @@ def mask_dsn(dsn: str) -> str:
 
 
 def mask_text(text: str) -> str:
-    """Mask DSN passwords, `Bearer` tokens and `password=`/`token=`/`secret=`-style values
-    found anywhere in free text."""
+    """Mask the secret values found anywhere in free text: DSN passwords, the credentials of an
+    `Authorization` header, and values given to `password=`/`token=`/`secret=`-style keys
+    (never the words of a sentence that names them)."""
     masked = _URL_PASSWORD_RE.sub(_mask_url_password, text)
-    masked = _BEARER_RE.sub(lambda m: f"{m['scheme']} {MASK}", masked)
+    masked = _AUTHORIZATION_RE.sub(lambda m: f"{m['head']}{MASK}", masked)
     return _KV_SECRET_RE.sub(_mask_kv_value, masked)
 
 

@@ -456,8 +456,6 @@ async def call_batch_handler(
         if running.state.lost_reason is not None or running.handback:
             stop()
     await asyncio.wait([pipeline])
-    if not pipeline.cancelled() and pipeline.exception() is not None:
-        _log_failure(pipeline.exception())
     batch.close_all(lambda job: _unsettled(pipeline, by_id[job.job_id], task))
     return _merged(stats, batch.stats)
 
@@ -528,7 +526,6 @@ def outcome_of(running: RunningJob, task: Task, duration_ms: int, max_result_byt
             why = str(problem) if isinstance(problem, ValueError) else _error_text(problem)
             return Outcome(Ended.FAILED, f"result: {why}", retryable=False, duration_ms=duration_ms)
         return Outcome(Ended.SUCCEEDED, result=result, duration_ms=duration_ms)
-    _log_failure(exc)
     return _raised(exc, task, duration_ms)
 
 
@@ -553,9 +550,11 @@ def _raised(exc: BaseException, task: Task, duration_ms: int | None) -> Outcome:
         return Outcome(Ended.HANDED_BACK, str(exc), refund=True, duration_ms=duration_ms)
     text = _error_text(exc)
     if isinstance(exc, Retry):
-        return Outcome(Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms)
+        return Outcome(
+            Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms, raised=exc
+        )
     retryable = not isinstance(exc, (NonRetryableError, *task.non_retryable))
-    return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms)
+    return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms, raised=exc)
 
 
 def _count_start(job: ClaimedJob) -> None:
@@ -563,13 +562,6 @@ def _count_start(job: ClaimedJob) -> None:
     metrics.JOBS_STARTED.labels(job.queue, job.task).inc()
     if job.waited_sec is not None:
         metrics.JOB_WAIT.labels(job.queue).observe(max(0.0, job.waited_sec))
-
-
-def _log_failure(exc: BaseException | None) -> None:
-    if isinstance(exc, Retry):
-        log.info("task asked to be retried in %gs: %s", exc.after_sec, exc.reason)
-    elif exc is not None and not isinstance(exc, (JobCanceled, JobLost)):
-        log.warning("task raised %s", _error_text(exc), exc_info=exc)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -344,7 +344,7 @@ class Completer:
         if not collision and not log.isEnabledFor(level):
             return  # binding the job's log context costs more than the rest of this
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
-            log.log(level, message, *args)
+            log.log(level, message, *args, exc_info=_traceback(outcome, written))
             if collision:
                 log.warning(
                     "lock_key %r shares its hashtext with the lock_key of a job that waited"
@@ -409,12 +409,22 @@ def _report(outcome: Outcome, written: Transition | None) -> tuple[Any, ...]:
     if outcome.ended is Ended.SUCCEEDED:
         return logging.DEBUG, "job succeeded"
     if outcome.ended is Ended.FAILED:
+        if outcome.retry_after_sec is not None and written.status is JobStatus.QUEUED:
+            return logging.INFO, "job asked to be retried (%s): %s", written.journal, outcome.error
         return logging.WARNING, "job attempt failed (%s): %s", written.journal, outcome.error
     if outcome.ended is Ended.HANDED_BACK:
         return logging.WARNING, "job handed back (%s): %s", written.journal, outcome.error
     if outcome.ended is Ended.CANCELED:
         return logging.DEBUG, "job canceled"
     return logging.DEBUG, "job backed off (%s holds the key)", outcome.holder
+
+
+def _traceback(outcome: Outcome, written: Transition | None) -> BaseException | None:
+    """What the log line of an outcome shows the traceback of: the error of a job that failed
+    for good. A `Retry`, or an error that will be retried, is expected: its line says it."""
+    if written is None or written.status is not JobStatus.FAILED:
+        return None
+    return outcome.raised
 
 
 def _one_per_job(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
