@@ -44,9 +44,9 @@ from dataloader.core.models import (
     QueueStats,
 )
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
-from dataloader.exceptions import DatabaseUnavailable, DataloaderError, InvalidJob, JobNotFound
+from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
-from dataloader.storage import db, queries
+from dataloader.storage import db
 from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import (
     Connections,
@@ -54,7 +54,7 @@ from dataloader.storage.connections import (
     GuardedPool,
     caller_connection,
 )
-from dataloader.storage.migrate import load_migrations
+from dataloader.storage.migrate import check_schema
 from dataloader.storage.repositories import (
     BulkResult,
     JobPage,
@@ -591,31 +591,12 @@ async def _open_pool(dsn: str, size: int, timeout: float) -> Pool:
     except db.CONNECTION_ERRORS as exc:
         raise DatabaseUnavailable(f"cannot connect to {where}: {_line(exc)}") from None
     try:
-        missing = await _missing_migrations(pool, timeout)
+        async with pool.acquire(timeout=timeout) as conn:
+            await check_schema(conn, where)
     except BaseException:
         await pool.close()
         raise
-    if missing:
-        await pool.close()
-        schema = (
-            "has no dataloader schema"
-            if len(missing) == len(load_migrations())
-            else f"lacks migrations {', '.join(map(str, missing))} of dataloader's schema"
-        )
-        raise DataloaderError(
-            f"{where} {schema}: run `dataloader migrate` against it, or start a dataloader"
-            " service on it, first"
-        )
     return pool
-
-
-async def _missing_migrations(pool: Pool, timeout: float) -> builtins.list[int]:
-    """The versions of the packaged migrations not applied to the pool's database."""
-    async with pool.acquire(timeout=timeout) as conn:
-        applied: set[int] = set()
-        if await conn.fetchval(queries.MIGRATIONS_TABLE_PRESENT):
-            applied = {row["version"] for row in await conn.fetch(queries.APPLIED_MIGRATIONS)}
-    return sorted({m.version for m in load_migrations()} - applied)
 
 
 def _line(exc: BaseException) -> str:

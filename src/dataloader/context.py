@@ -23,7 +23,7 @@ from dataloader.storage import db, queries
 from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.embedded import start_embedded
-from dataloader.storage.migrate import MigrationReport, migrate
+from dataloader.storage.migrate import MigrationReport, check_schema, migrate
 
 if TYPE_CHECKING:
     from dataloader.client import Client
@@ -94,12 +94,18 @@ async def _connect(dsn: str, application_name: str) -> db.Connection:
     return conn
 
 
-async def check_database(dsn: str) -> str:
-    """Connect once: the database exists, lets us in and runs a recent enough PostgreSQL.
-    Returns the server's version (`server_version`, e.g. "18.4")."""
+async def check_database(dsn: str, *, migrated: bool = False) -> str:
+    """Connect once: the database exists, lets us in, runs a recent enough PostgreSQL and,
+    with `migrated` (when DL_AUTO_MIGRATE is off), holds dataloader's whole schema. Returns
+    the server's version (`server_version`, e.g. "18.4")."""
     conn = await _connect(dsn, "dataloader-check")
-    version: str = conn.get_settings().server_version
-    await conn.close()
+    try:
+        version: str = conn.get_settings().server_version
+        if migrated:
+            where = f"{QUEUE_DSN_VARIABLE} ({mask_dsn(dsn)}), with DL_AUTO_MIGRATE=false,"
+            await check_schema(conn, where)
+    finally:
+        await conn.close()
     return version
 
 
@@ -209,7 +215,7 @@ class AppContext:
             report = await run_migrations(dsn)
             log.info("schema at version %d", report.current)
         else:
-            await check_database(dsn)
+            await check_database(dsn, migrated=True)
         owns_pool = pool is None
         if pool is None:
             with _explained(dsn):

@@ -1,15 +1,21 @@
-"""What a user reads: the one line of a refused setting, and the log of a job that fails, as
-the library's default logging shows it (Python's last-resort handler: warnings and errors on
-stderr, with the tracebacks they carry)."""
+"""What a user reads: the one line of a refused setting or of a database without dataloader's
+schema, and the log of a job that fails, as the library's default logging shows it (Python's
+last-resort handler: warnings and errors on stderr, with the tracebacks they carry)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
 
-from .procs import PYTHON_M_DATALOADER, free_port, one_line, run_cli
+from dataloader.config import Settings
+from dataloader.exceptions import DataloaderError
+from dataloader.runner import Runner
+
+from .procs import DATALOADER_SCRIPT, PYTHON_M_DATALOADER, free_port, one_line, run_cli
 
 
 @pytest.mark.parametrize(
@@ -92,3 +98,39 @@ def test_an_expected_retry_is_one_line_and_a_final_failure_keeps_its_traceback(
     final = lines.index("job attempt failed (failed): RuntimeError: for good")
     assert lines[final + 1] == "Traceback (most recent call last):", result.stdout
     assert "RuntimeError: for good" in lines[final + 2 :], result.stdout
+
+
+NO_SCHEMA = (
+    "has no dataloader schema: run `dataloader migrate` against it, or start a dataloader"
+    " service on it, first"
+)
+
+
+async def test_without_auto_migrate_the_worker_refuses_a_database_without_the_schema(
+    empty_db_dsn: str, tmp_path: Path
+) -> None:
+    result = run_cli(
+        [str(DATALOADER_SCRIPT), "worker"],
+        {
+            "DL_DB_DSN": empty_db_dsn,
+            "DL_AUTO_MIGRATE": "false",
+            "WORKERS_JSON": '[{"queue": "q", "concurrency": 1}]',
+        },
+        tmp_path,
+    )
+    assert result.returncode == 1, result.stdout
+    assert one_line(result.stdout).endswith(f"with DL_AUTO_MIGRATE=false, {NO_SCHEMA}")
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        db_dsn=empty_db_dsn,
+        auto_migrate=False,
+        workers=[{"queue": "q", "concurrency": 1}],
+    )
+    with pytest.raises(DataloaderError, match=re.escape(NO_SCHEMA)):
+        async with Runner(settings):
+            pass
+    conn = await asyncpg.connect(empty_db_dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'dl%'") == 0
+    finally:
+        await conn.close()

@@ -104,7 +104,7 @@ async def _prepare_database(settings: Settings) -> Settings:
     application's start-up), migrate when configured, and say which servers they are and how
     to reach them (passwords masked)."""
     dsn = await resolve_dsn(settings)
-    version = await check_database(dsn)
+    version = await check_database(dsn, migrated=not settings.auto_migrate)
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(dsn)

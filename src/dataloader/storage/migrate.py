@@ -15,7 +15,7 @@ from typing import Any
 
 from dataloader.exceptions import DataloaderError
 from dataloader.storage import queries
-from dataloader.storage.db import Connection
+from dataloader.storage.db import AnyConnection, Connection
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,27 @@ async def migrate(conn: Connection) -> MigrationReport:
         return MigrationReport(applied=applied, adopted=adopted, current=current)
     finally:
         await conn.execute(queries.MIGRATION_UNLOCK)
+
+
+async def check_schema(conn: AnyConnection, where: str) -> None:
+    """Refuse a database that lacks migrations (DataloaderError, one line naming `where` and
+    what to run). What dataloader does on it would fail statement by statement otherwise."""
+    applied: set[int] = set()
+    if await conn.fetchval(queries.MIGRATIONS_TABLE_PRESENT):
+        applied = {row["version"] for row in await conn.fetch(queries.APPLIED_MIGRATIONS)}
+    packaged = load_migrations()
+    missing = sorted({m.version for m in packaged} - applied)
+    if not missing:
+        return
+    schema = (
+        "has no dataloader schema"
+        if len(missing) == len(packaged)
+        else f"lacks migrations {', '.join(map(str, missing))} of dataloader's schema"
+    )
+    raise DataloaderError(
+        f"{where} {schema}: run `dataloader migrate` against it, or start a dataloader service"
+        " on it, first"
+    )
 
 
 async def _spec_schema_present(conn: Connection) -> bool:
