@@ -75,19 +75,30 @@ async def claims_wait(conn: asyncpg.Connection) -> None:
     await conn.execute("SELECT pg_advisory_lock(4242)")
 
 
+#: Sessions waiting for a lock of the kind (`advisory`, or a table's name).
+WAITING = """
+SELECT count(*) FROM pg_locks
+WHERE NOT granted AND (locktype = $1 OR relation = to_regclass($1)) AND pid <> ALL($2::int[])
+"""
+
+
+async def cut_when_waiting(
+    conn: asyncpg.Connection, proxy: FreezingProxy, lock: str, *, apart_from: int = 0
+) -> None:
+    """Once a session (not `apart_from`) waits for a lock of the kind, cut the answers of the
+    statements in flight."""
+
+    async def waiting() -> bool:
+        return bool(await conn.fetchval(WAITING, lock, [apart_from]))
+
+    await wait_until(waiting, what=f"a session waiting for a lock ({lock})")
+    assert proxy.cut_answers() >= 1
+
+
 async def lose_the_answer_of_a_claim(conn: asyncpg.Connection, proxy: FreezingProxy) -> None:
     """Once a statement claiming a job waits for `conn`'s lock, cut the answers of the
     statements in flight, then let them go on (and commit)."""
-
-    async def waiting() -> bool:
-        return bool(
-            await conn.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            )
-        )
-
-    await wait_until(waiting, what="a claim waiting for the lock")
-    assert proxy.cut_answers() >= 1
+    await cut_when_waiting(conn, proxy, "advisory")
     await conn.execute("SELECT pg_advisory_unlock(4242)")
 
 
@@ -150,6 +161,43 @@ async def test_a_claim_whose_answer_was_lost_runs_its_jobs_at_once(
 
 
 @pytest.mark.usefixtures("claims_wait")
+async def test_a_look_up_whose_answer_is_lost_too_is_made_again(
+    start_service: StartService,
+    registry: PipelineRegistry,
+    conn: asyncpg.Connection,
+    db_dsn: str,
+    proxy: FreezingProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The jobs of a lost claim are known to nobody else: their look-up is made until the
+    database answers it."""
+
+    @registry.register("t.quick")
+    async def quick(ctx: JobContext[dict[str, Any]]) -> None:
+        return None
+
+    await start_service()
+    [enqueued] = await enqueue_many(conn, [job("t.quick", "a")])
+    await cut_when_waiting(conn, proxy, "advisory")
+    # the jobs table is held from the claim's commit on: the look-up waits for it
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        await holder.execute("BEGIN")
+        held = asyncio.create_task(holder.execute("LOCK TABLE dl_jobs IN ACCESS EXCLUSIVE MODE"))
+        await wait_until(
+            lambda: conn.fetchval(WAITING, "dl_jobs", [0]), what="the table lock to wait"
+        )
+        await conn.execute("SELECT pg_advisory_unlock(4242)")
+        await held
+        await cut_when_waiting(conn, proxy, "dl_jobs", apart_from=holder.get_server_pid())
+        await holder.execute("COMMIT")
+    finally:
+        await holder.close()
+    await assert_ran_once_promptly(conn, enqueued.job_id)
+    assert "looking up the jobs of a lost answer failed" in caplog.text
+
+
+@pytest.mark.usefixtures("claims_wait")
 async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
     start_service: StartService,
     registry: PipelineRegistry,
@@ -166,7 +214,8 @@ async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
     async def quick(ctx: JobContext[dict[str, Any]]) -> None:
         return None
 
-    service = await start_service(workers=[{"queue": "default", "concurrency": 2}])
+    # four slots: one is free for the next job even while a claim holds the others
+    service = await start_service(workers=[{"queue": "default", "concurrency": 4}])
     await conn.execute("SELECT pg_advisory_unlock(4242)")  # the first job is claimed at once
     first, second = await enqueue_many(conn, [job("t.gated", "k"), job("t.quick", "k")])
     await wait_until(pipeline_running(service.manager, str(first.job_id)), what="the first job")

@@ -243,7 +243,8 @@ class WorkerProtocol:
             try:
                 rows = await self.db.fetch(*lookup)
                 break
-            except CONNECTION_ERRORS:
+            except CONNECTION_ERRORS as exc:
+                log.warning("looking up the jobs of a lost answer failed, retrying: %r", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECOVER_MAX_SEC)
         jobs = self._claimed(rows)

@@ -517,8 +517,9 @@ LOCK_QUEUE_CLAIMS: Final = Statement("SELECT pg_advisory_xact_lock(1684828012, h
 #: committed: CLAIM_JOBS, CLAIM_LIMITED, or APPLY_TRANSITIONS handing off): those running with
 #: one of the tokens it could have given, the md5 of its `claim_seed` and a `suffix` (a claim's
 #: row numbers, a hand-off's finished job ids). Nothing else knows these tokens: a job found is
-#: this worker's, and only it can run it or hand it back. Walks ix_dl_jobs_running_lease, which
-#: only running jobs enter. The columns are CLAIM_JOBS's (no wait measured).
+#: this worker's, and only it can run it or hand it back. Reads one of the partial indexes that
+#: only running jobs enter (a rare statement: no index of its own to keep up on every claim).
+#: The columns are CLAIM_JOBS's (no wait measured).
 RECOVER_CLAIMS: Final = Statement("""
 SELECT j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
        j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts, j.lease_ttl_sec,
