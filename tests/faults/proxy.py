@@ -6,7 +6,8 @@ peer that vanished without a FIN). Connections opened afterwards are forwarded n
 
 `cut_answers()` makes every connection with a request in flight lose its answer: the server's
 next bytes on it are swallowed and both sides closed, so a statement that commits is never
-heard of (the connection cut after COMMIT).
+heard of (the connection cut after COMMIT). `refuse()` closes every connection and every new
+one at once (the database unreachable).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FreezingProxy:
         self._live: set[_Link] = set()
         self._writers: list[asyncio.StreamWriter] = []
         self.port = 0
+        self._refusing = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -74,6 +76,13 @@ class FreezingProxy:
             link.cut = True
         return len(waiting)
 
+    def refuse(self) -> None:
+        """Close every connection, and from now on every new one at once."""
+        self._refusing = True
+        for link in self._live:
+            for writer in link.writers:
+                writer.close()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -86,6 +95,9 @@ class FreezingProxy:
         return await asyncio.open_connection(*self._upstream)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            client_w.close()
+            return
         try:
             server_r, server_w = await self._open_upstream()
         except OSError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -233,3 +234,39 @@ async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
     assert handed
     ended = await conn.fetchval("SELECT status::text FROM dl_jobs WHERE job_id = $1", first.job_id)
     assert ended == "succeeded"
+
+
+@pytest.mark.usefixtures("claims_wait")
+async def test_a_stop_does_not_wait_for_the_database_to_look_up_a_lost_hand_off(
+    start_service: StartService,
+    registry: PipelineRegistry,
+    conn: asyncpg.Connection,
+    proxy: FreezingProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the database unreachable, a stopping process gives up the look-up (as it gives up
+    an outcome's write once its lease has run out): those jobs wait for their lease."""
+    gate = asyncio.Event()
+
+    @registry.register("t.gated")
+    async def gated(ctx: JobContext[dict[str, Any]]) -> None:
+        await gate.wait()
+
+    service = await start_service(workers=[{"queue": "default", "concurrency": 4}])
+    await conn.execute("SELECT pg_advisory_unlock(4242)")
+    first, _ = await enqueue_many(
+        conn, [replace(job("t.gated", "k"), lease_ttl_sec=2), job("t.gated", "k")]
+    )
+    await wait_until(pipeline_running(service.manager, str(first.job_id)), what="the first job")
+    await conn.execute("SELECT pg_advisory_lock(4242)")
+    gate.set()
+    await cut_when_waiting(conn, proxy, "advisory")
+    proxy.refuse()  # the write commits all the same (the server reads no more of its client)
+    await conn.execute("SELECT pg_advisory_unlock(4242)")
+
+    async def looking_up() -> bool:
+        return "looking up the jobs of a lost answer failed" in caplog.text
+
+    await wait_until(looking_up, what="a look-up to fail")
+    await asyncio.wait_for(service.manager.stop(timeout=1), timeout=PROMPTLY_SEC)
+    assert "the jobs of a lost answer are left to the reaper" in caplog.text

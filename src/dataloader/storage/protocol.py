@@ -167,6 +167,9 @@ class WorkerProtocol:
         self.db = GuardedPool(pool, timeout)
         #: Queues whose last claim said they have limits: claimed by CLAIM_LIMITED.
         self._limited: set[str] = set()
+        #: Whether a look-up of the jobs of a lost answer is made until the database answers
+        #: (until the process stops: see `stop_recovering`).
+        self._recovering = True
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
@@ -229,12 +232,19 @@ class WorkerProtocol:
         except CONNECTION_ERRORS as exc:
             if not tokens.suffixes:
                 raise
-            raise ClaimAnswerLost(exc, await self._recover(tokens)) from exc
+            raise ClaimAnswerLost(exc, await self._recover(tokens, exc)) from exc
 
-    async def _recover(self, tokens: ClaimTokens) -> list[ClaimedJob]:
+    def stop_recovering(self) -> None:
+        """The process stops: a look-up of the jobs of a lost answer that fails is not made
+        again (the stop must not wait for the database; those jobs wait for their lease)."""
+        self._recovering = False
+
+    async def _recover(self, tokens: ClaimTokens, cause: BaseException) -> list[ClaimedJob]:
         """The jobs a write with `tokens` claimed (see `queries.RECOVER_CLAIMS`), looked up
         again and again until the database answers: until then nobody else knows them."""
-        log.warning("the answer to a claiming write was lost; looking up the jobs it claimed")
+        log.warning(
+            "a claiming write failed (%r), it may have committed: looking up its jobs", cause
+        )
         lookup = queries.RECOVER_CLAIMS.bind(
             worker_id=tokens.worker_id, claim_seed=tokens.seed, suffixes=tokens.suffixes
         )
@@ -244,6 +254,9 @@ class WorkerProtocol:
                 rows = await self.db.fetch(*lookup)
                 break
             except CONNECTION_ERRORS as exc:
+                if not self._recovering:
+                    log.error("the process stops: the jobs of a lost answer are left to the reaper")
+                    return []
                 log.warning("looking up the jobs of a lost answer failed, retrying: %r", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECOVER_MAX_SEC)
