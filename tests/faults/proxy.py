@@ -1,25 +1,57 @@
-"""A loopback TCP proxy in front of PostgreSQL's Unix socket, which can go silent.
+"""A loopback TCP proxy in front of PostgreSQL, which can go silent or cut answers.
 
 `freeze()` makes every connection open at that moment half-open: nothing is forwarded any more
 in either direction, yet no side sees the connection close (as with a stuck middlebox or a
 peer that vanished without a FIN). Connections opened afterwards are forwarded normally.
+
+`cut_answers()` makes every connection with a request in flight lose its answer: the server's
+next bytes on it are swallowed and both sides closed, so a statement that commits is never
+heard of (the connection cut after COMMIT). `refuse()` closes every connection and every new
+one at once (the database unreachable).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
 
 CHUNK = 65536
 
+#: Where the server listens: its Unix socket's path, or (host, port).
+Upstream = str | tuple[str, int]
+
+
+def upstream_of(dsn: str) -> Upstream:
+    """Where the server of `dsn` (a TCP or Unix-socket DSN) listens."""
+    parts = urlsplit(dsn)
+    socket_dir = parse_qs(parts.query).get("host", [""])[0]
+    if socket_dir.startswith("/"):
+        return f"{socket_dir}/.s.PGSQL.{parts.port or 5432}"
+    return parts.hostname or "127.0.0.1", parts.port or 5432
+
+
+@dataclass(eq=False)
+class _Link:
+    """One proxied connection."""
+
+    frozen: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The client sent bytes the server has not answered yet.
+    awaiting: bool = False
+    #: The server's next bytes are swallowed and the connection closed.
+    cut: bool = False
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
 
 class FreezingProxy:
-    def __init__(self, upstream_socket: str) -> None:
-        self._upstream = upstream_socket
+    def __init__(self, upstream: Upstream) -> None:
+        self._upstream = upstream
         self._server: asyncio.Server | None = None
-        self._live: set[asyncio.Event] = set()  # one "frozen" flag per connection
+        self._live: set[_Link] = set()
         self._writers: list[asyncio.StreamWriter] = []
         self.port = 0
+        self._refusing = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -31,10 +63,25 @@ class FreezingProxy:
     def freeze(self) -> int:
         """Stop forwarding on every open connection; returns how many were frozen."""
         frozen = len(self._live)
-        for flag in self._live:
-            flag.set()
+        for link in self._live:
+            link.frozen.set()
         self._live = set()
         return frozen
+
+    def cut_answers(self) -> int:
+        """Close every connection with a request in flight when its answer comes, the answer
+        swallowed; returns how many."""
+        waiting = [link for link in self._live if link.awaiting]
+        for link in waiting:
+            link.cut = True
+        return len(waiting)
+
+    def refuse(self) -> None:
+        """Close every connection, and from now on every new one at once."""
+        self._refusing = True
+        for link in self._live:
+            for writer in link.writers:
+                writer.close()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -42,33 +89,46 @@ class FreezingProxy:
         for writer in self._writers:
             writer.close()
 
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if isinstance(self._upstream, str):
+            return await asyncio.open_unix_connection(self._upstream)
+        return await asyncio.open_connection(*self._upstream)
+
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            client_w.close()
+            return
         try:
-            server_r, server_w = await asyncio.open_unix_connection(self._upstream)
+            server_r, server_w = await self._open_upstream()
         except OSError:
             client_w.close()
             return
         self._writers += [client_w, server_w]
-        frozen = asyncio.Event()
-        self._live.add(frozen)
+        link = _Link(writers=[client_w, server_w])
+        self._live.add(link)
         await asyncio.gather(
-            self._pump(client_r, server_w, frozen),
-            self._pump(server_r, client_w, frozen),
+            self._pump(client_r, server_w, link, request=True),
+            self._pump(server_r, client_w, link, request=False),
         )
-        self._live.discard(frozen)
+        self._live.discard(link)
 
     @staticmethod
     async def _pump(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frozen: asyncio.Event
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: _Link, *, request: bool
     ) -> None:
         with contextlib.suppress(OSError):
-            while not frozen.is_set():
+            while not link.frozen.is_set():
                 data = await reader.read(CHUNK)
-                if frozen.is_set():
+                if link.frozen.is_set():
                     break  # swallowed: the connection went silent
                 if not data:
                     writer.close()
                     return
+                if not request and link.cut:  # swallowed: the answer is lost
+                    for each in link.writers:
+                        each.close()
+                    return
                 writer.write(data)
                 await writer.drain()
-        await frozen.wait()  # silent for good: neither forward nor close
+                link.awaiting = request
+        await link.frozen.wait()  # silent for good: neither forward nor close

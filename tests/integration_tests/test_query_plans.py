@@ -290,3 +290,16 @@ def _rows_removed(node: dict[str, Any]) -> int:
     return int(node.get("Rows Removed by Filter", 0)) + sum(
         _rows_removed(child) for child in node.get("Plans", [])
     )
+
+
+async def test_the_jobs_of_a_lost_claim_are_looked_up_among_the_running_jobs_only(
+    stale_conn: db.Connection,
+) -> None:
+    lookup = queries.RECOVER_CLAIMS.bind(
+        worker_id="w", claim_seed=uuid.uuid4(), suffixes=[str(n) for n in range(1, 11)]
+    )
+    plan = await plan_of(stale_conn, *lookup)
+    # any of the partial indexes that only running jobs enter
+    assert "'Index Name': 'ix_dl_jobs_running_" in plan
+    assert "ix_dl_jobs_status_queue" not in plan
+    assert "Seq Scan" not in plan

@@ -4,16 +4,26 @@ reap. Only dataloader's own workers use it; the public API is the client
 
 Every write after a claim is fenced on the claim's token (see `queries`); outcomes are
 decided in `dataloader.core.transitions` and written by `storage.transitions`.
+
+A write that claims jobs (a claim, or an outcome's write handing off the next job of a
+lock_key) may commit and still lose its answer (the connection cut after COMMIT): its jobs would
+run under this worker with tokens it never learnt, nobody running them until their lease ran
+out, and then at the cost of an attempt. The worker draws each such write's seed, so it knows
+every token the write could have given (`ClaimTokens`); when the answer is lost, it looks those
+jobs up once the database answers again (`ClaimAnswerLost` carries them), to run them or hand
+them back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncpg import Record
 
@@ -22,13 +32,20 @@ from dataloader.core.models import NewJob
 from dataloader.core.transitions import JobFacts, Transition
 from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
-from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, Connection, Pool
+from dataloader.storage.db import CONNECTION_ERRORS, DEFAULT_TIMEOUT_SEC, Connection, Pool
 from dataloader.storage.repositories import enqueue_many
 from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: The most jobs of one running lock_key parked with those a claim walked past, per statement
 #: (a few hundred milliseconds of row updates at most; a longer run takes a few statements).
 PARK_SIBLINGS = 10_000
+#: First and longest pause between look-ups of the jobs of a write whose answer was lost.
+RECOVER_FIRST_SEC = 0.05
+RECOVER_MAX_SEC = 2.0
 
 
 @dataclass(slots=True)
@@ -72,6 +89,37 @@ class ClaimedJob:
             else cancel_requested,
             rerun_requested=self.rerun_requested,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTokens:
+    """Every token a claiming write may give its jobs: the md5 of its `seed` and each of
+    `suffixes` (a claim's row numbers, a hand-off's finished job ids; see
+    `queries.RECOVER_CLAIMS`)."""
+
+    worker_id: str
+    seed: uuid.UUID
+    suffixes: list[str]
+
+    @classmethod
+    def of_claim(cls, worker_id: str, limit: int) -> ClaimTokens:
+        """The tokens of a claim of up to `limit` jobs, under a new seed."""
+        return cls(worker_id, uuid.uuid4(), [str(n) for n in range(1, limit + 1)])
+
+    @classmethod
+    def of_hand_off(cls, worker_id: str, finished: Sequence[uuid.UUID]) -> ClaimTokens:
+        """The tokens of the jobs handed off by the ends of `finished`, under a new seed."""
+        return cls(worker_id, uuid.uuid4(), [str(job_id) for job_id in finished])
+
+
+class ClaimAnswerLost(ConnectionError):
+    """A write that claims jobs lost its answer (it may have committed): `jobs` are those it
+    did claim, looked up since, now this worker's to run or hand back (their attempt already
+    counted: running them costs nothing more). A lost connection, as callers see it."""
+
+    def __init__(self, cause: BaseException, jobs: list[ClaimedJob]) -> None:
+        super().__init__(f"the answer was lost ({cause!r}); {len(jobs)} job(s) it claimed found")
+        self.jobs = jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +167,9 @@ class WorkerProtocol:
         self.db = GuardedPool(pool, timeout)
         #: Queues whose last claim said they have limits: claimed by CLAIM_LIMITED.
         self._limited: set[str] = set()
+        #: Whether a look-up of the jobs of a lost answer is made until the database answers
+        #: (until the process stops: see `stop_recovering`).
+        self._recovering = True
 
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
@@ -129,20 +180,29 @@ class WorkerProtocol:
         `walk` (≥ `limit`) jobs of its claim order that are not parked; those walked that
         cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`)."""
         walk = max(walk, limit)
+        tokens = ClaimTokens.of_claim(worker_id, limit)
         claim = functools.partial(
             queries.CLAIM_JOBS.bind,
             queue=queue,
             limit=limit,
             walk=walk,
             worker_id=worker_id,
-            claim_seed=uuid.uuid4(),
+            claim_seed=tokens.seed,
         )
-        limited = queue in self._limited
-        if not limited:
-            rows = await self.db.fetch(*claim())
-            limited = rows[-1]["limited"]  # a queue with limits is not claimed this way
-        if limited:
-            rows = await self._claim_limited(queue, claim.keywords)
+
+        async def write() -> list[Record]:
+            limited = queue in self._limited
+            if not limited:
+                rows = await self.db.fetch(*claim())
+                limited = rows[-1]["limited"]  # a queue with limits is not claimed this way
+            if limited:
+                rows = await self._claim_limited(queue, claim.keywords)
+            return rows
+
+        try:
+            rows = await self._claiming(tokens, write)
+        except ClaimAnswerLost as lost:  # what it walked past is not known: look again soon
+            return ClaimRound(lost.jobs, [], exhausted=False, next_due_in=0.0)
         tail = rows.pop()
         return ClaimRound(
             self._claimed(rows),
@@ -163,6 +223,54 @@ class WorkerProtocol:
         else:
             self._limited.discard(queue)
         return rows
+
+    async def _claiming(self, tokens: ClaimTokens, write: Callable[[], Awaitable[T]]) -> T:
+        """Run `write`, which claims jobs with `tokens`. When its answer is lost, the jobs it
+        claimed are looked up, until the database answers, and raised in ClaimAnswerLost."""
+        try:
+            return await write()
+        except CONNECTION_ERRORS as exc:
+            if not tokens.suffixes:
+                raise
+            raise ClaimAnswerLost(exc, await self._recover(tokens, exc)) from exc
+
+    def stop_recovering(self) -> None:
+        """The process stops: a look-up of the jobs of a lost answer that fails is not made
+        again (the stop must not wait for the database; those jobs wait for their lease)."""
+        self._recovering = False
+
+    async def _recover(self, tokens: ClaimTokens, cause: BaseException) -> list[ClaimedJob]:
+        """The jobs a write with `tokens` claimed (see `queries.RECOVER_CLAIMS`), looked up
+        again and again until the database answers: until then nobody else knows them."""
+        log.warning(
+            "a claiming write failed (%r), it may have committed: looking up its jobs", cause
+        )
+        lookup = queries.RECOVER_CLAIMS.bind(
+            worker_id=tokens.worker_id, claim_seed=tokens.seed, suffixes=tokens.suffixes
+        )
+        delay = RECOVER_FIRST_SEC
+        while True:
+            try:
+                rows = await self.db.fetch(*lookup)
+                break
+            except CONNECTION_ERRORS as exc:
+                if not self._recovering:
+                    log.error("the process stops: the jobs of a lost answer are left to the reaper")
+                    return []
+                log.warning("looking up the jobs of a lost answer failed, retrying: %r", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECOVER_MAX_SEC)
+        jobs = self._claimed(rows)
+        for job in jobs:
+            log.warning(
+                "job %s (queue %s, task %s, attempt %d) was claimed by a write whose answer was"
+                " lost: recovered",
+                job.job_id,
+                job.queue,
+                job.task,
+                job.attempt,
+            )
+        return jobs
 
     async def park(self, job_ids: Sequence[uuid.UUID]) -> int:
         """Park those of `job_ids` (walked past by a claim) that still cannot run now; how
@@ -271,29 +379,37 @@ class WorkerProtocol:
         next job of a lock_key freed by a job named in `hand_off` is claimed for `worker_id`
         when it is of the same queue: `handed_job` reads it from the finished job's answer.
         `stages`: the jobs to enqueue with the success of each job named, in the same
-        transaction, if that success is written."""
+        transaction, if that success is written. When the answer is lost, raises
+        ClaimAnswerLost with the jobs it handed off (the outcomes are to be written again: those
+        written find their job no longer the caller's)."""
         items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
-        write = functools.partial(
+        tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
+        apply = functools.partial(
             apply_transitions,
             items=items,
             actor_role="worker",
             actor=worker_id,
             wakes_own_queue=True,
             hand_off=hand_off,
+            claim_seed=tokens.seed,
         )
-        if not stages:
-            return await write(self.db.fetch)
-        async with self.db.connection() as conn, conn.transaction():
-            applied = await write(conn.fetch)
-            written = [
-                job
-                for job_id, jobs in stages.items()
-                if job_id in applied and applied[job_id].state == "written"
-                for job in jobs
-            ]
-            if written:
-                await enqueue_many(conn, written, actor=worker_id)
-        return applied
+
+        async def write() -> dict[uuid.UUID, Applied]:
+            if not stages:
+                return await apply(self.db.fetch)
+            async with self.db.connection() as conn, conn.transaction():
+                applied = await apply(conn.fetch)
+                written = [
+                    job
+                    for job_id, jobs in stages.items()
+                    if job_id in applied and applied[job_id].state == "written"
+                    for job in jobs
+                ]
+                if written:
+                    await enqueue_many(conn, written, actor=worker_id)
+            return applied
+
+        return await self._claiming(tokens, write)
 
     @staticmethod
     def handed_job(applied: Applied) -> ClaimedJob | None:

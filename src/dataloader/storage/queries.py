@@ -322,7 +322,8 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: Each claim increments `claim_seq` and takes a new `claim_token`, the fence of every later
 #: write: the md5 of a random UUID the worker draws for the claim (`claim_seed`) and the row's
 #: number in the batch, unique for every claim on any server (PostgreSQL's gen_random_uuid()
-#: cost ~13 µs a row here, a tenth of a claim of ten). Records the worker and journals `picked`.
+#: cost ~13 µs a row here, a tenth of a claim of ten), and which the worker can compute for
+#: every row the claim could take (RECOVER_CLAIMS). Records the worker and journals `picked`.
 #: The checkpoint comes back as JSON text, whatever codec the connection has. One more row
 #: (`job_id` NULL) ends the answer: the jobs walked that cannot run now (not due, or their
 #: lock_key's job running) in `blocked`, for PARK_JOBS; how many jobs the claim walked
@@ -511,6 +512,24 @@ CLAIM_LIMITED: Final = Statement(
 #: Serialises the claims of a queue with limits across every replica, until the claiming
 #: transaction ends (a class of dataloader's own two-key locks apart from MIGRATION_LOCK's).
 LOCK_QUEUE_CLAIMS: Final = Statement("SELECT pg_advisory_xact_lock(1684828012, hashtext(:queue))")
+
+#: The jobs a claiming write whose answer was lost claimed for `worker_id` (it may have
+#: committed: CLAIM_JOBS, CLAIM_LIMITED, or APPLY_TRANSITIONS handing off): those running with
+#: one of the tokens it could have given, the md5 of its `claim_seed` and a `suffix` (a claim's
+#: row numbers, a hand-off's finished job ids). Nothing else knows these tokens: a job found is
+#: this worker's, and only it can run it or hand it back. Reads one of the partial indexes that
+#: only running jobs enter (a rare statement: no index of its own to keep up on every claim).
+#: The columns are CLAIM_JOBS's (no wait measured).
+RECOVER_CLAIMS: Final = Statement("""
+SELECT j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
+       j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts, j.lease_ttl_sec,
+       j.cancel_requested, j.claim_seq, j.claim_token, j.handbacks, j.rerun_requested,
+       j.checkpoint::text AS checkpoint, NULL::float8 AS waited_sec
+FROM dl_jobs j
+WHERE j.status = 'running' AND j.worker_id = :worker_id
+  AND j.claim_token = ANY(ARRAY(SELECT md5(:claim_seed::uuid::text || '/' || s.suffix)::uuid
+                                FROM unnest(:suffixes::text[]) AS s(suffix)))
+""")
 
 #: Park the jobs a claim walked past (`job_ids`) that still cannot run: one not due yet is
 #: parked `delayed`; one whose lock_key hash is running is parked `lock_key`, but only if its
@@ -711,8 +730,9 @@ RETURNING cancel_requested
 #: job's queue) a waiter of the same queue is not notified: the caller wakes its queue itself.
 #: A worker that keeps a free slot for the next job of a key it frees names the finished job in
 #: `hand_off`: that next job, if it is of the same queue, is claimed for it by this statement
-#: (`:actor` is the worker; tokens from `claim_seed`) and comes back, as CLAIM_JOBS returns a
-#: job, in the finished job's `handed` (JSON).
+#: (`:actor` is the worker; its token the md5 of `claim_seed` and the finished job's id, which
+#: the worker knows: see RECOVER_CLAIMS) and comes back, as CLAIM_JOBS returns a job, in the
+#: finished job's `handed` (JSON).
 #: The journal entry records the attempt that ended, `actor_role: actor` and the transition's
 #: detail (JSON text).
 #: What varies per job (id, claim token, result, duration) comes one element per job; the rest
@@ -868,7 +888,7 @@ WITH u AS (
         started_at = COALESCE(q.started_at, now()),
         attempt = q.attempt + 1,
         claim_seq = q.claim_seq + 1,
-        claim_token = md5(:claim_seed::uuid::text || '/' || q.job_id::text)::uuid,
+        claim_token = md5(:claim_seed::uuid::text || '/' || n.job_id::text)::uuid,
         worker_id = :actor,
         lease_expires_at = now() + make_interval(secs => q.lease_ttl_sec),
         heartbeat_at = now()

@@ -22,6 +22,9 @@ from dataloader.storage.db import storable_text
 
 Fetch = Callable[..., Awaitable[list[Record]]]
 
+#: The claim seed of a statement that hands nothing off (any value would do).
+NO_SEED: Final = uuid.UUID(int=0)
+
 
 @dataclass(frozen=True, slots=True)
 class Fence:
@@ -51,10 +54,6 @@ class Applied:
     handed: dict[str, Any] | None = None
 
 
-#: The claim seed of a statement that hands nothing off (any value would do).
-NO_SEED: Final = uuid.UUID(int=0)
-
-
 async def apply_transitions(
     fetch: Fetch,
     items: Sequence[tuple[Fence, Transition]],
@@ -63,10 +62,12 @@ async def apply_transitions(
     actor: str,
     wakes_own_queue: bool = False,
     hand_off: Sequence[uuid.UUID] = (),
+    claim_seed: uuid.UUID = NO_SEED,
 ) -> dict[uuid.UUID, Applied]:
     """Write each transition whose fence holds; a job missing from the answer no longer
     matches its fence (it is not the caller's any more). The next job of a lock_key freed by
-    a job named in `hand_off` is claimed for `actor` when it is of the same queue."""
+    a job named in `hand_off` is claimed for `actor` when it is of the same queue, its token
+    derived from `claim_seed` (see `protocol.ClaimTokens`)."""
     if not items:
         return {}
     rows = await fetch(
@@ -76,7 +77,7 @@ async def apply_transitions(
             actor=actor,
             wakes_own_queue=wakes_own_queue,
             hand_off=list(hand_off),
-            claim_seed=uuid.uuid4() if hand_off else NO_SEED,
+            claim_seed=claim_seed,
         )
     )
     return {row["job_id"]: _applied(row) for row in rows}

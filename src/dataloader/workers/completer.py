@@ -17,7 +17,10 @@ again outcome by outcome, so that one outcome the database refuses cannot hold u
 Until its outcome is written, a job stays in the process's running set: the heartbeat keeps its
 lease alive. A write that fails (a connection cut, the server restarting, a timeout) is retried
 with backoff until it lands, or until the job turns out to be no longer ours (every write is
-fenced on the claim's token; the heartbeat also says so). So a job that succeeded is never
+fenced on the claim's token; the heartbeat also says so). A write whose answer was lost may have
+committed: the next jobs it handed off are looked up and run in the slots kept for them
+(`protocol.ClaimAnswerLost`), and its outcomes written again (those it wrote find their job no
+longer ours). So a job that succeeded is never
 reaped as `lost`, nor run again, because the database was briefly unreachable when it ended.
 An outcome whose write fails MAX_WRITE_ERRORS times for another reason is given up: its lease
 is left to expire and the reaper decides. When the process stops, a write still failing is
@@ -43,7 +46,7 @@ from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, after_attempt
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.protocol import ClaimedJob
+from dataloader.storage.protocol import ClaimAnswerLost, ClaimedJob
 from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
@@ -271,6 +274,11 @@ class Completer:
                     if p.running.stages and t.status is JobStatus.SUCCEEDED
                 },
             )
+        except ClaimAnswerLost as lost:  # the jobs it handed off run in the slots kept for them
+            for job in lost.jobs:
+                assert self._slots is not None
+                self._slots.take_handed(job)
+            raise
         finally:
             for p in kept:  # no await from here until the handed jobs have slots of their own
                 assert self._slots is not None

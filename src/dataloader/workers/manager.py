@@ -161,6 +161,7 @@ class WorkerManager:
         hand the rest back to the queue (attempt refunded, lock released); then stop
         everything."""
         self._stop_claiming.set()
+        self.runtime.protocol.stop_recovering()
         # Let claims in flight settle first, so that every job they took is seen below.
         await asyncio.wait(self._claiming_tasks, timeout=10)
         await self.presence.deregister()  # no longer serving: triggers and /status see it now
