@@ -115,6 +115,51 @@ async def test_claim_probes_running_lock_keys_through_their_own_index(
     assert "ix_dl_jobs_status_queue" not in plan
 
 
+async def test_a_limited_claim_counts_a_partitions_running_jobs_by_the_keys_hash(
+    db_dsn: str,
+) -> None:
+    """A claim of a queue with a per-partition limit counts the running jobs of each candidate's
+    partition_key, and of each job it walks, through the index of their hashes (the text itself
+    is in no index): never by reading every running job of the queue."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key) SELECT"
+            " gen_random_uuid(), 'q', 't', 'key-' || i, 'p' || i % 1000"
+            " FROM generate_series(1, $1::int) i",
+            RUNNING + 100,
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        await conn.execute(
+            "UPDATE dl_jobs SET status = 'running', attempt = 1 "
+            "WHERE job_id IN (SELECT job_id FROM dl_jobs LIMIT $1)",
+            RUNNING,
+        )
+        await conn.execute(
+            "INSERT INTO dl_queues (queue, changed_by, max_running_per_partition)"
+            " VALUES ('q', 'test', 5)"
+        )
+        claim = queries.CLAIM_LIMITED.bind(
+            queue="q", limit=10, walk=10, worker_id="w", claim_seed=uuid.uuid4()
+        )
+        statement, *args = claim
+        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
+    finally:
+        await conn.close()
+    probes = [
+        node for node in _nodes(plan[0]["Plan"]) if "partition_key" in node.get("Index Cond", "")
+    ]
+    # the running jobs of a partition (in the walk and among the candidates), by the hash
+    assert len(probes) == 2, plan
+    assert {node["Index Name"] for node in probes} == {"ix_dl_jobs_running_partition_hash"}
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan's node and every node under it."""
+    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
+
+
 async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: str) -> None:
     """Statistics taken while the queue held only delayed jobs say that hardly any job is due:
     the search for the next job of a key freed by an outcome must still read that key's index,

@@ -462,9 +462,11 @@ CLAIM_LIMITED: Final = Statement(
     SELECT o.*,
            CASE WHEN o.partition_key <> '' THEN
                row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
-               -- the jobs of its partition_key running now (ix_dl_jobs_running_partition)
+               -- the jobs of its partition_key running now, found by the key's hash
+               -- (ix_dl_jobs_running_partition_hash), the text itself tested on them
                + (SELECT count(*) FROM dl_jobs r
-                  WHERE r.status = 'running' AND r.queue = :queue
+                  WHERE r.status = 'running' AND r.queue = :queue AND r.partition_key <> ''
+                    AND hashtext(r.partition_key) = hashtext(o.partition_key)
                     AND r.partition_key = o.partition_key)
            END AS partition_nth
     FROM (
@@ -494,13 +496,14 @@ CLAIM_LIMITED: Final = Statement(
         has_limits=_HAS_LIMITS,
         # the jobs of a partition_key that has its most running already are not walked: a
         # backlog of one partition would otherwise fill every walk, and the jobs of the
-        # others behind it would wait for it to drain (ix_dl_jobs_running_partition, a probe
-        # per job walked, only with a per-partition limit)
+        # others behind it would wait for it to drain (ix_dl_jobs_running_partition_hash, a
+        # probe per job walked, only with a per-partition limit)
         walk_filter="""AND CASE WHEN j.partition_key = '' THEN true
                WHEN (SELECT p.max_running_per_partition FROM dl_queues p
                      WHERE p.queue = :queue) IS NULL THEN true
                ELSE (SELECT count(*) FROM dl_jobs r
-                     WHERE r.status = 'running' AND r.queue = :queue
+                     WHERE r.status = 'running' AND r.queue = :queue AND r.partition_key <> ''
+                       AND hashtext(r.partition_key) = hashtext(j.partition_key)
                        AND r.partition_key = j.partition_key)
                     < (SELECT p.max_running_per_partition FROM dl_queues p WHERE p.queue = :queue)
           END""",
