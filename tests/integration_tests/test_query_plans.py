@@ -42,6 +42,19 @@ def _apply_args() -> tuple[Any, ...]:
     )
 
 
+#: A claim of 10 jobs of queue `q`, for 10 slots, one job each.
+CLAIM_ARGS: dict[str, Any] = {
+    "queue": "q",
+    "limit": 10,
+    "walk": 10,
+    "slots": 10,
+    "batched_tasks": [],
+    "batch_sizes": [],
+    "worker_id": "w",
+    "claim_seed": uuid.uuid4(),
+}
+
+
 def _ids() -> dict[str, Any]:
     return {"job_id": uuid.uuid4(), "claim_token": uuid.uuid4()}
 
@@ -107,9 +120,7 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
-    claim = queries.CLAIM_JOBS.bind(
-        queue="q", limit=10, walk=10, worker_id="w", claim_seed=uuid.uuid4()
-    )
+    claim = queries.CLAIM_JOBS.bind(**CLAIM_ARGS)
     plan = await plan_of(stale_conn, *claim)
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan
@@ -140,9 +151,7 @@ async def test_a_limited_claim_counts_a_partitions_running_jobs_by_the_keys_hash
             "INSERT INTO dl_queues (queue, changed_by, max_running_per_partition)"
             " VALUES ('q', 'test', 5)"
         )
-        claim = queries.CLAIM_LIMITED.bind(
-            queue="q", limit=10, walk=10, worker_id="w", claim_seed=uuid.uuid4()
-        )
+        claim = queries.CLAIM_LIMITED.bind(**CLAIM_ARGS)
         statement, *args = claim
         plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
     finally:
