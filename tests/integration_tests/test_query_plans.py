@@ -87,12 +87,14 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
 
 @pytest.fixture
 async def stale_conn(db_dsn: str) -> AsyncIterator[db.Connection]:
-    """Statistics say nothing runs; in fact `RUNNING` jobs run and 100 are queued."""
+    """Statistics say nothing runs; in fact `RUNNING` jobs run and 100 are queued, of 1,000
+    partition_keys."""
     conn = await db.connect(db_dsn, "test-plans")
     await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
     await conn.execute(
-        "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
-        "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, $1::int) i",
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key) SELECT"
+        " gen_random_uuid(), 'q', 't', 'key-' || i, 'p' || i % 1000"
+        " FROM generate_series(1, $1::int) i",
         RUNNING + 100,
     )
     await conn.execute("ANALYZE dl_jobs")
@@ -127,35 +129,17 @@ async def test_claim_probes_running_lock_keys_through_their_own_index(
 
 
 async def test_a_limited_claim_counts_a_partitions_running_jobs_by_the_keys_hash(
-    db_dsn: str,
+    stale_conn: db.Connection,
 ) -> None:
     """A claim of a queue with a per-partition limit counts the running jobs of each candidate's
     partition_key, and of each job it walks, through the index of their hashes (the text itself
     is in no index): never by reading every running job of the queue."""
-    conn = await db.connect(db_dsn, "test-plans")
-    try:
-        await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
-        await conn.execute(
-            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key) SELECT"
-            " gen_random_uuid(), 'q', 't', 'key-' || i, 'p' || i % 1000"
-            " FROM generate_series(1, $1::int) i",
-            RUNNING + 100,
-        )
-        await conn.execute("ANALYZE dl_jobs")
-        await conn.execute(
-            "UPDATE dl_jobs SET status = 'running', attempt = 1 "
-            "WHERE job_id IN (SELECT job_id FROM dl_jobs LIMIT $1)",
-            RUNNING,
-        )
-        await conn.execute(
-            "INSERT INTO dl_queues (queue, changed_by, max_running_per_partition)"
-            " VALUES ('q', 'test', 5)"
-        )
-        claim = queries.CLAIM_LIMITED.bind(**CLAIM_ARGS)
-        statement, *args = claim
-        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
-    finally:
-        await conn.close()
+    await stale_conn.execute(
+        "INSERT INTO dl_queues (queue, changed_by, max_running_per_partition)"
+        " VALUES ('q', 'test', 5)"
+    )
+    statement, *args = queries.CLAIM_LIMITED.bind(**CLAIM_ARGS)
+    plan = await stale_conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
     probes = [
         node for node in _nodes(plan[0]["Plan"]) if "partition_key" in node.get("Index Cond", "")
     ]
