@@ -1,8 +1,8 @@
 """What the indexes beyond the claim's cost writes: a fresh database with every index, and
 without those of a migration (0012: the job list's; 0014 and 0015: finished jobs for the
-pruner, heartbeat entries, running jobs per partition_key; 0016: a task's and a partition_key's
-jobs newest first); 20,000 jobs enqueued in batches of
-1,000, then drained by 10 slots. Three rounds rotating the variants; medians.
+pruner, heartbeat entries, and 0017's running jobs per partition_key; 0016: a task's and a
+partition_key's jobs newest first); 20,000 jobs enqueued in batches of 1,000, then drained by
+10 slots. Three rounds rotating the variants; medians.
 
     python benchmarks/index_cost.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
 """
@@ -22,7 +22,7 @@ VARIANTS: dict[str, list[str]] = {
     "without_0014_0015": [
         "DROP INDEX ix_dl_jobs_finished",
         "DROP INDEX ix_dl_job_events_heartbeats",
-        "DROP INDEX ix_dl_jobs_running_partition",
+        "DROP INDEX ix_dl_jobs_running_partition_hash",
     ],
     "without_0016": [
         "DROP INDEX ix_dl_jobs_task_created",

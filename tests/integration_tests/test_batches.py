@@ -10,10 +10,12 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from dataloader import Batch, JobStatus
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import Service, StartService
@@ -252,6 +254,67 @@ async def test_a_queue_mixing_batched_and_single_tasks_keeps_its_slots(
     states = [await service.dl.wait(j, timeout=60) for j in job_ids]
     assert {s.status for s in states} == {JobStatus.SUCCEEDED}
     assert most == 1
+
+
+async def test_a_mixed_queue_claims_only_the_jobs_its_free_slots_start(
+    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+) -> None:
+    """One slot, a batched task beside a one-job task, one attempt each: every job is claimed
+    once and runs; none is claimed only to go back to the queue for want of a slot (a claim
+    sized for a batch used to bring single jobs the slot could not start, and their hand-backs
+    ended jobs `lost` that never ran)."""
+
+    @registry.task("b.many", queue=QUEUE, batch_size=5)
+    async def many(batch: Batch[dict[str, Any]]) -> None:
+        for item in batch:
+            batch.done(item)
+
+    @registry.task("b.one", queue=QUEUE)
+    async def one(ctx: Any) -> None:
+        pass
+
+    producer = await start_service(run_workers=False)
+    jobs = [
+        producer.dl.job(
+            "b.one" if i % 3 == 0 else "b.many", {}, lock_key=f"k{i}", queue=QUEUE, max_attempts=1
+        )
+        for i in range(30)
+    ]
+    job_ids = [r.job_id for r in await producer.dl.enqueue_many(jobs)]
+    service = await start_service(workers=ONE_SLOT)
+    states = [await service.dl.wait(j, timeout=60) for j in job_ids]
+    assert [s.status for s in states] == [JobStatus.SUCCEEDED] * 30
+    journal = await conn.fetch(
+        "SELECT kind, count(*) AS n FROM dl_job_events WHERE job_id = ANY($1::uuid[])"
+        " AND kind IN ('picked', 'requeue', 'backoff', 'lost') GROUP BY kind",
+        job_ids,
+    )
+    assert {r["kind"]: r["n"] for r in journal} == {"picked": 30}
+
+
+@pytest.mark.parametrize("limits", [{}, {"max_running": 100}], ids=["free", "limited"])
+async def test_a_claim_takes_the_jobs_that_fill_its_slots_and_no_more(
+    start_service: StartService, registry: PipelineRegistry, limits: dict[str, int]
+) -> None:
+    """A one-job task's job fills a slot; up to `batch_size` jobs of a batched task fill one
+    together, in claim order."""
+    service = await start_service(run_workers=False)
+    order = ["b.one", "b.many", "b.many", "b.one", "b.many", "b.many", "b.many", "b.one"]
+    for priority, task in enumerate(order):
+        await service.dl.enqueue(task, queue=QUEUE, lock_key=f"k{priority}", priority=priority)
+    if limits:
+        await service.dl.set_limits(QUEUE, **limits)
+    protocol = WorkerProtocol(service.context.pool)
+
+    async def claim(slots: int) -> list[str]:
+        round_ = await protocol.claim_round(
+            QUEUE, 30, "hand", walk=30, slots=slots, batch_sizes={"b.many": 3}
+        )
+        return [job.task for job in round_.jobs]
+
+    assert await claim(2) == ["b.one", "b.many", "b.many"]  # the next b.one needs a third
+    assert await claim(2) == ["b.one", "b.many", "b.many", "b.many"]
+    assert await claim(2) == ["b.one"]
 
 
 async def test_batches_are_counted_in_the_metrics(

@@ -42,6 +42,19 @@ def _apply_args() -> tuple[Any, ...]:
     )
 
 
+#: A claim of 10 jobs of queue `q`, for 10 slots, one job each.
+CLAIM_ARGS: dict[str, Any] = {
+    "queue": "q",
+    "limit": 10,
+    "walk": 10,
+    "slots": 10,
+    "batched_tasks": [],
+    "batch_sizes": [],
+    "worker_id": "w",
+    "claim_seed": uuid.uuid4(),
+}
+
+
 def _ids() -> dict[str, Any]:
     return {"job_id": uuid.uuid4(), "claim_token": uuid.uuid4()}
 
@@ -74,12 +87,14 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
 
 @pytest.fixture
 async def stale_conn(db_dsn: str) -> AsyncIterator[db.Connection]:
-    """Statistics say nothing runs; in fact `RUNNING` jobs run and 100 are queued."""
+    """Statistics say nothing runs; in fact `RUNNING` jobs run and 100 are queued, of 1,000
+    partition_keys."""
     conn = await db.connect(db_dsn, "test-plans")
     await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
     await conn.execute(
-        "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
-        "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, $1::int) i",
+        "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key) SELECT"
+        " gen_random_uuid(), 'q', 't', 'key-' || i, 'p' || i % 1000"
+        " FROM generate_series(1, $1::int) i",
         RUNNING + 100,
     )
     await conn.execute("ANALYZE dl_jobs")
@@ -107,12 +122,35 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:
-    claim = queries.CLAIM_JOBS.bind(
-        queue="q", limit=10, walk=10, worker_id="w", claim_seed=uuid.uuid4()
-    )
+    claim = queries.CLAIM_JOBS.bind(**CLAIM_ARGS)
     plan = await plan_of(stale_conn, *claim)
     assert "ix_dl_jobs_running_lock_hash" in plan
     assert "ix_dl_jobs_status_queue" not in plan
+
+
+async def test_a_limited_claim_counts_a_partitions_running_jobs_by_the_keys_hash(
+    stale_conn: db.Connection,
+) -> None:
+    """A claim of a queue with a per-partition limit counts the running jobs of each candidate's
+    partition_key, and of each job it walks, through the index of their hashes (the text itself
+    is in no index): never by reading every running job of the queue."""
+    await stale_conn.execute(
+        "INSERT INTO dl_queues (queue, changed_by, max_running_per_partition)"
+        " VALUES ('q', 'test', 5)"
+    )
+    statement, *args = queries.CLAIM_LIMITED.bind(**CLAIM_ARGS)
+    plan = await stale_conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement}", *args)
+    probes = [
+        node for node in _nodes(plan[0]["Plan"]) if "partition_key" in node.get("Index Cond", "")
+    ]
+    # the running jobs of a partition (in the walk and among the candidates), by the hash
+    assert len(probes) == 2, plan
+    assert {node["Index Name"] for node in probes} == {"ix_dl_jobs_running_partition_hash"}
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan's node and every node under it."""
+    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
 
 
 async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: str) -> None:

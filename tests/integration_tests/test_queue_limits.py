@@ -243,33 +243,47 @@ async def test_workers_held_back_by_a_limit_wait_for_room_instead_of_claiming_ag
     assert rounds < 400, rounds
 
 
+#: A queue's own slots, and slots it shares with another queue.
+SLOTS = {
+    "own": {"queue": "limited", "concurrency": 8},
+    "shared": {"queues": ["limited", "other"], "concurrency": 8},
+}
+
+
+@pytest.mark.parametrize("slots", SLOTS.values(), ids=SLOTS.keys())
 @pytest.mark.parametrize(
-    "limits",
+    ("limits", "jobs"),
     [
-        {"max_running": 2},
-        {"max_running": 2, "max_per_second": 100},
-        {"max_running_per_partition": 1},
+        ({"max_running": 2}, 30),
+        ({"max_running": 2, "max_per_second": 100}, 30),
+        ({"max_running_per_partition": 1}, 30),
+        # one start a second: the bucket holds one job, the 4 others wait their turn
+        ({"max_per_second": 1}, 5),
     ],
-    ids=["running", "running-and-rate", "per-partition"],
+    ids=["running", "running-and-rate", "per-partition", "rate"],
 )
 async def test_run_until_empty_waits_for_the_jobs_a_limit_holds_back(
-    make_settings: Callable[..., Settings], registry: PipelineRegistry, limits: dict[str, Any]
+    make_settings: Callable[..., Settings],
+    registry: PipelineRegistry,
+    limits: dict[str, Any],
+    jobs: int,
+    slots: dict[str, Any],
 ) -> None:
     """A round that claims nothing because the limit is reached is not an empty queue."""
     ledger = Ledger()
     ledgered(registry, "t.ledgered", ledger, hold_sec=0.01)
-    settings = make_settings(workers=[{"queue": "limited", "concurrency": 8}])
+    settings = make_settings(workers=[slots])
     async with Runner(settings, registry) as dl:
         await dl.client.set_limits("limited", **limits)
         await dl.client.enqueue_many(
             [
                 dl.client.job("t.ledgered", lock_key=f"k{i}", partition_key=f"p{i % 3}")
-                for i in range(30)
+                for i in range(jobs)
             ]
         )
         await dl.run_until_empty()
         stats = (await dl.client.stats("limited"))["limited"]
-    assert len(ledger.spans) == 30
+    assert len(ledger.spans) == jobs
     assert (stats.ready, stats.running) == (0, 0)
 
 

@@ -358,6 +358,31 @@ async def test_drain_runs_every_ready_job_then_exits_0(
     assert await conn.fetchval("SELECT count(*) FROM dl_workers") == 0
 
 
+@pytest.mark.parametrize(
+    "workers",
+    [
+        '[{"queue": "default", "concurrency": 2}]',
+        '[{"queues": ["default", "other"], "concurrency": 2}]',
+    ],
+    ids=["own-slots", "shared-slots"],
+)
+async def test_drain_waits_for_the_jobs_a_rate_holds_back(
+    db_dsn: str, client: Client, conn: asyncpg.Connection, tmp_path: Path, workers: str
+) -> None:
+    """At one start a second, 5 jobs take 4 seconds at least: the queue is not drained while
+    its limit holds some back."""
+    await client.set_limits("default", max_per_second=1)
+    jobs = [await insert_job(conn, "demo.noop", {"i": i}) for i in range(5)]
+
+    env = {"DL_DB_DSN": db_dsn, **FAST_TIMINGS, "DL_POLL_INTERVAL_SEC": "300"}
+    result = await asyncio.to_thread(run_cli, DRAIN, {**env, "WORKERS_JSON": workers}, tmp_path, 60)
+    assert result.returncode == 0, result.stdout
+    statuses = await conn.fetch(
+        "SELECT status::text, count(*) FROM dl_jobs WHERE job_id = ANY($1) GROUP BY 1", jobs
+    )
+    assert [tuple(r) for r in statuses] == [("succeeded", 5)]
+
+
 async def test_drain_stopped_by_a_signal_exits_1_and_hands_the_job_back(
     launcher: Launcher, db_dsn: str, conn: asyncpg.Connection
 ) -> None:

@@ -31,8 +31,8 @@ NAME_MAX_BYTES: Final = 800
 #: Byte budget of an idempotency_key: its unique index holds the text itself, and a btree entry
 #: holds at most ~2,700 bytes (with its headers).
 IDEMPOTENCY_KEY_MAX_BYTES: Final = 2400
-#: Byte budget of a lock_key or partition_key: no index holds their text (the running and
-#: queued lock_key indexes hold its hashtext), so only sanity bounds them.
+#: Byte budget of a lock_key or partition_key: no index holds their text (the lock_key and
+#: partition_key indexes hold their hashtext), so only sanity bounds them.
 KEY_MAX_BYTES: Final = 4000
 
 NAME_MAX_CHARS: Final = NAME_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 200

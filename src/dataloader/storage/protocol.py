@@ -175,17 +175,32 @@ class WorkerProtocol:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
         return (await self.claim_round(queue, limit, worker_id, walk=limit)).jobs
 
-    async def claim_round(self, queue: str, limit: int, worker_id: str, walk: int) -> ClaimRound:
+    async def claim_round(
+        self,
+        queue: str,
+        limit: int,
+        worker_id: str,
+        walk: int,
+        *,
+        slots: int | None = None,
+        batch_sizes: Mapping[str, int] | None = None,
+    ) -> ClaimRound:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key, out of the first
         `walk` (≥ `limit`) jobs of its claim order that are not parked; those walked that
-        cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`)."""
+        cannot run now come back as `blocked` (see `queries.CLAIM_JOBS`). The jobs claimed
+        fill at most `slots` slots (None: as many as jobs), a job each, or up to its task's
+        size together for the tasks of `batch_sizes` (a batched task's name: its batch_size)."""
         walk = max(walk, limit)
         tokens = ClaimTokens.of_claim(worker_id, limit)
+        batched = dict(batch_sizes or {})
         claim = functools.partial(
             queries.CLAIM_JOBS.bind,
             queue=queue,
             limit=limit,
             walk=walk,
+            slots=limit if slots is None else slots,
+            batched_tasks=list(batched),
+            batch_sizes=list(batched.values()),
             worker_id=worker_id,
             claim_seed=tokens.seed,
         )

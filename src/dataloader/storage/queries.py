@@ -317,6 +317,9 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: Claim up to `limit` ready jobs of `queue` (the spec's CTE, batched), at most one per lock_key
 #: hash, from the first `walk` jobs of the claim's order (`walk` ≥ `limit`) that are not parked
 #: (migration 0009): keys that collide under hashtext wait in claim order like jobs of one key.
+#: The jobs claimed fill at most `slots` of the worker's slots: a job fills one, except that up
+#: to `batch_size` jobs of one batched task (`batched_tasks`, each with its size at the same
+#: place of `batch_sizes`) fill one together.
 #: Nothing is claimed from a paused queue (`dl_queues`, migration 0013), nor from one with
 #: limits (migration 0015): those are claimed by CLAIM_LIMITED, which the last row points to.
 #: Each claim increments `claim_seq` and takes a new `claim_token`, the fence of every later
@@ -333,7 +336,7 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 _CLAIM = """
 WITH walked AS (
     SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
-           j.available_at, j.available_at > now() AS not_due, j.partition_key
+           j.available_at, j.available_at > now() AS not_due, j.partition_key, j.task
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
       -- tested once per claim (one probe of dl_queues)
@@ -350,11 +353,26 @@ WITH walked AS (
                WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash))
                AS blocked
     FROM walked w
-){limited_ctes}, picked AS (
+){limited_ctes}, slotted AS (
+    -- whether each candidate takes a slot of its own: a one-job task's job does, and so does
+    -- the first of every `batch_size` jobs of a batched task (the others join its batch), in
+    -- claim order, as the worker groups them
+    SELECT c.job_id, c.priority, c.created_at,
+           (row_number() OVER (PARTITION BY c.task ORDER BY c.priority, c.created_at, c.job_id)
+            - 1) % COALESCE((:batch_sizes::int[])[array_position(:batched_tasks::text[], c.task)],
+                            1) = 0 AS opens_slot
+    FROM ({candidates}) AS c
+), picked AS (
+    -- the candidates in claim order up to the last that fits in the worker's free slots
+    -- (`slots`): a job claimed is a job that starts, none comes back for want of a slot
     SELECT job_id, priority, created_at,
-           row_number() OVER (ORDER BY priority, created_at) AS n
-    FROM ({candidates}) AS one_per_key
-    ORDER BY priority, created_at
+           row_number() OVER (ORDER BY priority, created_at, job_id) AS n
+    FROM (SELECT s.*,
+                 count(*) FILTER (WHERE s.opens_slot) OVER (
+                     ORDER BY s.priority, s.created_at, s.job_id ROWS UNBOUNDED PRECEDING) AS slot
+          FROM slotted s) AS fitted
+    WHERE fitted.slot <= :slots
+    ORDER BY priority, created_at, job_id
     LIMIT {limit}
 ), claimed AS (
     UPDATE dl_jobs j
@@ -410,7 +428,7 @@ _HAS_LIMITS = (
 
 #: The one of each lock_key hash (the first in claim order) of the jobs that can run.
 _ONE_PER_KEY = """
-        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at FROM judged
+        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, task FROM judged
         WHERE NOT blocked
         ORDER BY lock_hash, priority, created_at"""
 
@@ -463,19 +481,22 @@ CLAIM_LIMITED: Final = Statement(
     SELECT o.*,
            CASE WHEN o.partition_key <> '' THEN
                row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
-               -- the jobs of its partition_key running now (ix_dl_jobs_running_partition)
+               -- the jobs of its partition_key running now, found by the key's hash
+               -- (ix_dl_jobs_running_partition_hash), the text itself tested on them
                + (SELECT count(*) FROM dl_jobs r
-                  WHERE r.status = 'running' AND r.queue = :queue
+                  WHERE r.status = 'running' AND r.queue = :queue AND r.partition_key <> ''
+                    AND hashtext(r.partition_key) = hashtext(o.partition_key)
                     AND r.partition_key = o.partition_key)
            END AS partition_nth
     FROM (
-        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, partition_key FROM judged
+        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, partition_key, task
+        FROM judged
         WHERE NOT blocked
         ORDER BY lock_hash, priority, created_at
     ) AS o
 )""",
         candidates="""
-        SELECT r.job_id, r.priority, r.created_at FROM ranked r
+        SELECT r.job_id, r.priority, r.created_at, r.task FROM ranked r
         -- jobs without a partition_key ('', partition_nth NULL) are in no partition: only
         -- max_running holds them
         WHERE r.partition_nth IS NULL
@@ -495,13 +516,14 @@ CLAIM_LIMITED: Final = Statement(
         has_limits=_HAS_LIMITS,
         # the jobs of a partition_key that has its most running already are not walked: a
         # backlog of one partition would otherwise fill every walk, and the jobs of the
-        # others behind it would wait for it to drain (ix_dl_jobs_running_partition, a probe
-        # per job walked, only with a per-partition limit)
+        # others behind it would wait for it to drain (ix_dl_jobs_running_partition_hash, a
+        # probe per job walked, only with a per-partition limit)
         walk_filter="""AND CASE WHEN j.partition_key = '' THEN true
                WHEN (SELECT p.max_running_per_partition FROM dl_queues p
                      WHERE p.queue = :queue) IS NULL THEN true
                ELSE (SELECT count(*) FROM dl_jobs r
-                     WHERE r.status = 'running' AND r.queue = :queue
+                     WHERE r.status = 'running' AND r.queue = :queue AND r.partition_key <> ''
+                       AND hashtext(r.partition_key) = hashtext(j.partition_key)
                        AND r.partition_key = j.partition_key)
                     < (SELECT p.max_running_per_partition FROM dl_queues p WHERE p.queue = :queue)
           END""",

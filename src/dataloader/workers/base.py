@@ -85,24 +85,15 @@ class Slots:
     def job_tasks(self) -> set[asyncio.Task[None]]:
         return set(self._jobs)
 
-    async def _start(
-        self, jobs: list[ClaimedJob], free: int, claimed_at: float
-    ) -> list[asyncio.Task[None]]:
-        """Lock the jobs and run them, a unit per slot (`_units`); returns the slots' tasks.
-        Units a claim brought beyond the `free` slots (a queue mixing batched and single
-        tasks) go back to the queue at once."""
-        units = await self._units(jobs)
-        started = []
-        for unit in units[:free]:
+    async def _start(self, jobs: list[ClaimedJob], claimed_at: float) -> None:
+        """Lock the jobs and run them, a unit per slot (`_units`): the claim brought no more
+        units than there are free slots (see `QueueClaims.claim`)."""
+        for unit in await self._units(jobs):
             task = asyncio.create_task(
                 self._execute_units([unit], claimed_at), name=f"dataloader-job-{unit[0].job.job_id}"
             )
             self._jobs.add(task)
             task.add_done_callback(self._finished)
-            started.append(task)
-        for unit in units[free:]:
-            await self._hand_back(unit, "no free slot")
-        return started
 
     async def _units(self, jobs: list[ClaimedJob]) -> list[list[RunningJob]]:
         """Lock each job's key and back off those busy; the others, running now (their leases
@@ -379,7 +370,7 @@ class QueueWorker(Slots):
             try:
                 claim_started = time.monotonic()
                 self._claiming = free  # until the jobs claimed have their slots
-                claimed = await self.claims.claim(free * self.batch_size, claim_started)
+                claimed = await self.claims.claim(free * self.batch_size, claim_started, free)
                 self._claiming = min(len(claimed.jobs), free)
                 if claimed.moved or claimed.held or self._jobs or self._outcomes_pending():
                     self.idle.clear()
@@ -387,7 +378,7 @@ class QueueWorker(Slots):
                     self.idle_claim_started = claim_started
                     self.idle.set()
                 if claimed.jobs:
-                    await self._start(claimed.jobs, free, claim_started)
+                    await self._start(claimed.jobs, claim_started)
                 self._claiming = 0
                 if claimed.more:
                     continue

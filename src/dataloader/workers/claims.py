@@ -63,14 +63,23 @@ class QueueClaims:
         #: (infinity: none; see `_put_back_due`).
         self._due_at = 0.0
 
-    async def claim(self, wanted: int, now: float) -> Claimed:
-        """One round started at `now` (monotonic): up to `wanted` jobs."""
+    async def claim(self, wanted: int, now: float, slots: int | None = None) -> Claimed:
+        """One round started at `now` (monotonic): up to `wanted` jobs, that fill `slots` free
+        slots at most (None: any number) as the worker runs them: a job of a one-job task
+        fills one, up to `batch_size` jobs of one batched task fill one together."""
         try:
             put_back = await self._put_back_due(now)
             self.started += 1
             with metrics.CLAIM_DURATION.labels(self.queue).time():
                 claim = await self._rt.protocol.claim_round(
-                    self.queue, wanted, self._rt.worker_id, walk=max(wanted, self._walk)
+                    self.queue,
+                    wanted,
+                    self._rt.worker_id,
+                    walk=max(wanted, self._walk),
+                    slots=slots,
+                    batch_sizes={
+                        t.name: t.batch_size for t in self._rt.registry.tasks() if t.batch_size > 1
+                    },
                 )
             self.answered += 1
             self._due_at = _due_at(now, claim.next_due_in)

@@ -8,7 +8,9 @@ the tasks declared on the queue, else 1; a batched task's jobs go to its handler
 the others run one after another), runs them, and moves on to the next queue: one *cycle*.
 The processors start on different queues, so each queue with work gets some whatever the
 others hold. When a processor has found every queue empty in a row, it sleeps
-until a queue is woken (a new job, a freed lock_key, a retry come due) or its safety poll.
+until a queue is woken (a new job, a freed lock_key, a retry come due) or its safety poll. A
+queue whose limits held jobs back is not empty (the slots are not idle: a drain waits for
+them), yet its claims are not repeated at once: a job's end or the rate's next token wakes it.
 
 Each cycle is measured (`queue_job_processor_cycle_duration_seconds`): a cycle is meant to end
 within seconds, so that a stop never waits long for one; choose batch sizes that keep it so.
@@ -77,12 +79,15 @@ class SharedSlots(Slots):
         position = index % len(self.queues)
         empty_in_a_row = 0
         round_started = time.monotonic()
+        #: Whether a queue of this round had jobs its limits held back: it is not empty.
+        held = False
         while not stopping.is_set():
             if not self._rt.locks.ready.is_set():
                 await wait_any(self._rt.locks.ready, stopping)
                 continue
             if empty_in_a_row == 0:
                 round_started = time.monotonic()
+                held = False
                 self._wakeup.clear()  # a wake-up from now on is for the claims to come
             queue = self.queues[position]
             position = (position + 1) % len(self.queues)
@@ -103,12 +108,14 @@ class SharedSlots(Slots):
                 empty_in_a_row = 0  # the queue changed: look at every queue again
                 self.idle.clear()
                 continue
+            held = held or claimed.held > 0
             empty_in_a_row += 1
             if empty_in_a_row < len(self.queues):
                 continue
             empty_in_a_row = 0
-            self._empty_since[index] = round_started
-            self._set_idle_if_all_empty()
+            if not held:  # a limit's room or rate wakes the slot (a job's end, the timer)
+                self._empty_since[index] = round_started
+                self._set_idle_if_all_empty()
             timeout = min(c.idle_timeout() for c in self._claims.values())
             await wait_any(self._wakeup, stopping, timeout=timeout)
             self._empty_since.pop(index, None)

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dataloader.core import limits
 from dataloader.core.models import NewJob, Stage
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.pipelines.registry import Task
@@ -46,7 +47,8 @@ def stage_jobs(parent: ClaimedJob, stages: Sequence[Stage], client: Client) -> t
                 priority=stage.priority,
                 available_at=stage.delay,
                 idempotency_key=f"stage:{parent.job_id}:{parent.claim_token}:{n}",
-                producer=f"stage:{parent.task}",
+                # a name at its limit leaves no room for the prefix: the label is cut to fit
+                producer=f"stage:{parent.task}"[: limits.NAME_MAX_CHARS],
             )
         )
     return tuple(jobs)
