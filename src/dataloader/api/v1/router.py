@@ -121,12 +121,6 @@ async def retry_jobs(body: JobBulkRequest, service: Service, actor: Actor) -> Jo
     operation_id="get_job",
     dependencies=[requires(Scope.read)],
 )
-async def job(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
-    """A job: its status, attempt, timings, error and progress (the same answer as
-    `/{job_id}/status`)."""
-    return await service.status(job_id)
-
-
 @router.get(
     "/{job_id}/status",
     response_model=JobStatusResponse,
@@ -134,9 +128,9 @@ async def job(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
     operation_id="get_job_status",
     dependencies=[requires(Scope.read)],
 )
-async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
-    """A job's status, attempt, timings, error and progress (the spec's route; the same
-    answer as `GET /api/v1/jobs/{job_id}`)."""
+async def job(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+    """A job: its status, attempt, timings, error and progress (the same answer at
+    `/{job_id}` and at the spec's `/{job_id}/status`)."""
     return await service.status(job_id)
 
 
