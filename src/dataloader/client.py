@@ -130,7 +130,7 @@ class Client:
         self._connections = OutageReporting(_connections(pool, engine, settings.db_timeout_sec))
         self.settings = settings
         self.registry = registry if registry is not None else default_registry
-        self._repo = JobRepository(self._connections, actor)
+        self._repo = JobRepository(self._connections, actor, metrics.count_ended)
         self._admin = AdminStore(self._connections)
         self._defaults = JobDefaults(
             max_attempts=settings.default_max_attempts,
@@ -162,7 +162,7 @@ class Client:
             if len(origin._actors) >= MAX_ACTORS:
                 origin._actors.clear()
             view = copy.copy(origin)
-            view._repo = JobRepository(origin._connections, actor)
+            view._repo = JobRepository(origin._connections, actor, metrics.count_ended)
             view._origin, view._owned_pool, view._actors = origin, None, {}
             origin._actors[actor] = view
         return view

@@ -207,7 +207,7 @@ SELECT count(*) FROM (
 
 #: What the client decides a cancel, a retry or a re-run on.
 JOB_FACTS: Final = Statement("""
-SELECT status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
+SELECT queue, task, status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
        rerun_requested
 FROM dl_jobs WHERE job_id = :job_id
 """)
