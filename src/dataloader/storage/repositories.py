@@ -471,6 +471,7 @@ def job_state(row: Record) -> JobState:
         worker_id=row["worker_id"],
         checkpoint=_json(row["checkpoint"]),
         rerun_requested=row["rerun_requested"],
+        attempted_at=row["attempted_at"],
     )
 
 
