@@ -23,6 +23,7 @@ from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, Throu
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
     ConfigError,
+    DatabaseUnavailable,
     DataloaderError,
     IdempotencyConflict,
     InvalidJob,
@@ -53,6 +54,7 @@ __all__ = [
     "BatchItem",
     "Client",
     "ConfigError",
+    "DatabaseUnavailable",
     "DataloaderError",
     "EnqueueResult",
     "Exponential",

@@ -49,10 +49,11 @@ from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db
 from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import (
+    CallerConnections,
     Connections,
     EngineConnections,
     GuardedPool,
-    caller_connection,
+    OutageReporting,
 )
 from dataloader.storage.migrate import check_schema
 from dataloader.storage.repositories import (
@@ -125,10 +126,11 @@ class Client:
         actor: str = "client",
     ) -> None:
         settings = settings if settings is not None else load_settings()
-        self._connections = _connections(pool, engine, settings.db_timeout_sec)
+        # one place where a connection refused or lost becomes DatabaseUnavailable
+        self._connections = OutageReporting(_connections(pool, engine, settings.db_timeout_sec))
         self.settings = settings
         self.registry = registry if registry is not None else default_registry
-        self._repo = JobRepository(self._connections, actor)
+        self._repo = JobRepository(self._connections, actor, metrics.count_ended)
         self._admin = AdminStore(self._connections)
         self._defaults = JobDefaults(
             max_attempts=settings.default_max_attempts,
@@ -160,7 +162,7 @@ class Client:
             if len(origin._actors) >= MAX_ACTORS:
                 origin._actors.clear()
             view = copy.copy(origin)
-            view._repo = JobRepository(origin._connections, actor)
+            view._repo = JobRepository(origin._connections, actor, metrics.count_ended)
             view._origin, view._owned_pool, view._actors = origin, None, {}
             origin._actors[actor] = view
         return view
@@ -279,11 +281,8 @@ class Client:
             raise InvalidJob("lock_key", "required: jobs sharing a lock_key never overlap")
         else:
             new, filled = self.job(task, args, lock_key=lock_key, **options), None
-        if connection is not None:
-            conn = await caller_connection(connection)
+        async with self._writing_on(connection).connection() as conn:
             result = await enqueue(conn, new, actor=self._repo.actor, options=filled)
-        else:
-            result = await self._repo.enqueue(new, filled)
         _count_enqueued([new], [result], {new.task: filled} if filled else {})
         return result
 
@@ -296,13 +295,17 @@ class Client:
         Build the jobs with `client.job(…)` or `NewJob(…)`."""
         batch = list(jobs)
         options = self._options(batch)
-        if connection is not None:
-            conn = await caller_connection(connection)
+        async with self._writing_on(connection).connection() as conn:
             results = await enqueue_many(conn, batch, actor=self._repo.actor, options=options)
-        else:
-            results = await self._repo.enqueue_many(batch, options)
         _count_enqueued(batch, results, options)
         return results
+
+    def _writing_on(self, connection: CallerConnection | None) -> Connections:
+        """Where an enqueue writes: the client's connections, or the caller's own (in its
+        transaction); either way a refused or lost connection raises DatabaseUnavailable."""
+        if connection is None:
+            return self._connections
+        return OutageReporting(CallerConnections(connection))
 
     def _options(self, jobs: builtins.list[NewJob]) -> dict[str, JobOptions]:
         """Each task's options for the jobs that leave some out, after checking every job
@@ -426,6 +429,9 @@ class Client:
         _check_page(after, None)
         if self._finished.closed:
             raise RuntimeError(CLOSED_MESSAGE)
+        # read before listening: a listener waits out an outage, a first read reports it
+        if await self._repo.get(job_id) is None:
+            raise JobNotFound(f"job {job_id} not found")
         progress: dict[str, Any] | None = None
         quiet_since = time.monotonic()
         async with self._finished.watch(job_id) as ended:

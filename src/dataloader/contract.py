@@ -12,13 +12,19 @@ fields of its args, which producers and workers agree on (an OpenAPI for queues)
               user_id: int64
               body: bytes          # base64 in JSON
               tags: "[]string"
-              urgent: bool?        # `?`: optional (null when left out)
+              urgent: bool?        # `?`: null accepted, and null when left out
+              lang: {type: string, default: en}   # may be left out (then "en"), never null
     tasks:                         # tasks bound to no queue (the trigger names one)
       demo.noop: {}
 
 Field types: `int`, `int64`, `float`, `string`, `bool`, `bytes`, and lists of them written
-`[]int`; a trailing `?` makes a field optional. A field whose type the contract cannot state
-is written as its JSON Schema (`{json_schema: {...}}`).
+`[]int`. A field is required and never null unless it says otherwise: a trailing `?` accepts
+null, and a field so typed may be left out (it is then null: the code's `T | None = None`); a
+field with a default (`{type: T, default: V}`, the code's `T = V`) may be left out, the worker
+then taking V, and accepts null only if T ends in `?`. Optional is not nullable: a producer
+that sends null for `{type: string, default: en}` is refused. A field whose type the contract
+cannot state is written as its JSON Schema (`{json_schema: {...}}`, with `optional: true` and
+its `default` when it may be left out).
 
 * `export_contract(registry)`: the contract of the tasks a process registers;
 * `check_contract(contract, registry)`: what the code breaks of a contract (a CI gate: a
@@ -37,7 +43,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Base64Bytes, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    Base64Bytes,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
 
 from dataloader.exceptions import InvalidJob, InvalidJobArgs
 from dataloader.workers.pipelines.contracts import task_spec
@@ -80,16 +94,55 @@ class TaskOptions(_Strict):
     batch_size: int | None = None
 
 
+class DefaultedField(_Strict):
+    """A field a producer may leave out, the worker then taking `default`:
+    `{type: string, default: readings}`. It accepts null only if `type` ends in `?`."""
+
+    type: str
+    default: Any
+
+
 class RawField(_Strict):
-    """A field the contract types cannot state, kept as its JSON Schema."""
+    """A field the contract types cannot state, kept as its JSON Schema (which says whether
+    null is accepted). `optional`: a producer may leave it out, the worker then taking
+    `default`."""
 
     json_schema: dict[str, Any]
     optional: bool = False
+    default: Any = None
+
+
+#: A field as a contract writes it: a type (`string`, `string?`), or one of the mappings.
+FieldKind = str | DefaultedField | RawField
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """What a field asks of a producer, whichever form the contract writes it in."""
+
+    #: Its type without `?`, or its JSON Schema.
+    base: str | dict[str, Any]
+    #: Whether null is accepted (a JSON Schema says so itself: False for one).
+    nullable: bool
+    #: Whether a producer may leave it out.
+    optional: bool
+    #: What the worker takes when it is left out.
+    default: Any
+
+
+def field_rule(kind: FieldKind) -> FieldRule:
+    """The rule of a field, whatever its form."""
+    if isinstance(kind, RawField):
+        return FieldRule(kind.json_schema, False, kind.optional, kind.default)
+    if isinstance(kind, DefaultedField):
+        return FieldRule(kind.type.rstrip("?"), kind.type.endswith("?"), True, kind.default)
+    nullable = kind.endswith("?")
+    return FieldRule(kind.rstrip("?"), nullable, nullable, None)
 
 
 class TaskContract(_Strict):
     options: TaskOptions = Field(default_factory=TaskOptions)
-    args: dict[str, str | RawField] = Field(default_factory=dict)
+    args: dict[str, FieldKind] = Field(default_factory=dict)
 
 
 class QueueContract(_Strict):
@@ -130,12 +183,31 @@ def load_contract(text: str) -> Contract:
         raise ContractError(f"{where}: {first['msg']}") from None
     for name, (_, spec) in contract.all_tasks().items():
         for field, kind in spec.args.items():
-            if isinstance(kind, str) and _parse_type(kind) is None:
-                raise ContractError(
-                    f"task {name}, field {field}: unknown type {kind!r} (one of"
-                    f" {', '.join(SCALARS)}, `[]` before one for a list, `?` after for optional)"
-                )
+            problem = _field_problem(kind)
+            if problem is not None:
+                raise ContractError(f"task {name}, field {field}: {problem}")
     return contract
+
+
+def _field_problem(kind: FieldKind) -> str | None:
+    """Why a field of a contract cannot be: a type it does not know, a default its type
+    refuses; None when it can."""
+    if isinstance(kind, RawField):
+        return None
+    typed = kind if isinstance(kind, str) else kind.type
+    parsed = _parse_type(typed)
+    if parsed is None:
+        return (
+            f"unknown type {typed!r} (one of {', '.join(SCALARS)}, `[]` before one for a"
+            " list, `?` after to accept null)"
+        )
+    if isinstance(kind, DefaultedField):
+        python = parsed[0] | None if parsed[2] else parsed[0]
+        try:
+            TypeAdapter(python).validate_json(json.dumps(kind.default), strict=True)
+        except ValidationError:
+            return f"default {kind.default!r} is no {typed}"
+    return None
 
 
 def load_contract_file(path: Path) -> Contract:
@@ -181,17 +253,24 @@ def export_contract(registry: TaskRegistry) -> Contract:
     return contract
 
 
-def _fields_of(schema: dict[str, Any]) -> dict[str, str | RawField]:
-    """A JSON Schema object's properties as contract fields."""
-    required = set(schema.get("required", []))
-    fields: dict[str, str | RawField] = {}
+def _fields_of(schema: dict[str, Any]) -> dict[str, FieldKind]:
+    """A JSON Schema object's properties as contract fields. A field may be left out when its
+    schema states the default the worker takes; one whose default a factory makes (which no
+    schema states) is written required: a producer that sends it is always served."""
+    fields: dict[str, FieldKind] = {}
     for field, prop in schema.get("properties", {}).items():
-        optional = field not in required
-        kind = _type_of(_without_null(prop) if optional else prop)
-        if kind is None:
-            fields[field] = RawField(json_schema=_bare(prop, schema), optional=optional)
-        else:
-            fields[field] = kind + ("?" if optional else "")
+        optional = "default" in prop
+        default = prop.get("default")
+        nullable = {"type": "null"} in prop.get("anyOf", [])
+        kind = _type_of(_without_null(prop))
+        if kind is None or (nullable and not optional):  # no type says "required, or null"
+            fields[field] = RawField(
+                json_schema=_bare(prop, schema), optional=optional, default=default
+            )
+        elif optional and (default is not None or not nullable):
+            fields[field] = DefaultedField(type=kind + ("?" if nullable else ""), default=default)
+        else:  # required and never null, or null when left out
+            fields[field] = kind + ("?" if nullable else "")
     return fields
 
 
@@ -216,8 +295,9 @@ def _type_of(prop: dict[str, Any]) -> str | None:
 
 
 def _bare(prop: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """A property's JSON Schema without its title, with the definitions it refers to."""
-    bare = {k: v for k, v in prop.items() if k != "title"}
+    """A property's JSON Schema without its title and default (the field holds that), with
+    the definitions it refers to."""
+    bare = {k: v for k, v in prop.items() if k not in ("title", "default")}
     if "$defs" in schema and "$ref" in repr(bare):
         bare["$defs"] = schema["$defs"]
     return bare
@@ -241,8 +321,9 @@ class Finding:
 
 def check_contract(contract: Contract, registry: TaskRegistry) -> list[Finding]:
     """What the code (`registry`) changes of `contract`. Breaking: a task gone or moved to
-    another queue, an option changed, a field gone, retyped, or made required, a required
-    field added. Notes: tasks and optional fields the contract does not have yet."""
+    another queue, an option changed, a field gone, retyped, made required, refusing the null
+    the contract accepts or taking another default, a required field added. Notes: tasks and
+    optional fields the contract does not have yet."""
     code = export_contract(registry).all_tasks()
     findings = []
     for name, (queue, declared) in contract.all_tasks().items():
@@ -267,42 +348,47 @@ def check_contract(contract: Contract, registry: TaskRegistry) -> list[Finding]:
 
 
 def _field_findings(
-    task: str, declared: dict[str, str | RawField], defined: dict[str, str | RawField]
+    task: str, declared: dict[str, FieldKind], defined: dict[str, FieldKind]
 ) -> list[Finding]:
     findings = []
     for field, kind in declared.items():
         if field not in defined:
             findings.append(Finding(task, f"field {field}: in the contract, not in the code", True))
-        elif _base(defined[field]) != _base(kind):
-            shown = f"{_shown(defined[field])}, contract {_shown(kind)}"
-            findings.append(Finding(task, f"field {field}: {shown}", True))
-        elif _optional(kind) and not _optional(defined[field]):
-            findings.append(Finding(task, f"field {field}: required, contract optional", True))
+            continue
+        broken = _broken(field_rule(kind), field_rule(defined[field]))
+        if broken is not None:
+            findings.append(Finding(task, f"field {field}: {broken}", True))
     for field, kind in defined.items():
         if field not in declared:
-            required = not _optional(kind)
+            required = not field_rule(kind).optional
             what = "required" if required else "optional"
             findings.append(Finding(task, f"field {field}: {what}, not in the contract", required))
     return findings
 
 
-def _optional(kind: str | RawField) -> bool:
-    return kind.optional if isinstance(kind, RawField) else kind.endswith("?")
+def _broken(declared: FieldRule, defined: FieldRule) -> str | None:
+    """How the code's field fails a producer that follows the contract's, or None."""
+    if defined.base != declared.base:
+        return f"{_shown(defined.base)}, contract {_shown(declared.base)}"
+    if declared.optional and not defined.optional:
+        return "required, contract optional"
+    if declared.nullable and not defined.nullable:
+        return "null refused, contract accepts null"
+    if declared.optional and defined.default != declared.default:
+        return f"default {defined.default!r}, contract {declared.default!r}"
+    return None
 
 
-def _base(kind: str | RawField) -> str | dict[str, Any]:
-    return kind.json_schema if isinstance(kind, RawField) else kind.rstrip("?")
-
-
-def _shown(kind: str | RawField) -> str:
-    return "a JSON Schema" if isinstance(kind, RawField) else kind
+def _shown(base: str | dict[str, Any]) -> str:
+    return "a JSON Schema" if isinstance(base, dict) else base
 
 
 # --- models and code --------------------------------------------------------------------------
 
 
 def _parse_type(kind: str) -> tuple[Any, str, bool] | None:
-    """A contract type → (Python type, its text in code, optional), None when unknown."""
+    """A contract type → (Python type, its text in code, whether `?` accepts null), None when
+    unknown."""
     match = _FIELD_TYPE.match(kind)
     if match is None or match["scalar"] not in SCALARS:
         return None
@@ -317,12 +403,13 @@ def args_model(task: str, spec: TaskContract) -> type[BaseModel]:
     Each field is known by its name in JSON, whatever it is (`user-id`, `_x`)."""
     fields: dict[str, Any] = {}
     for i, (field, kind) in enumerate(spec.args.items()):
-        parsed = None if isinstance(kind, RawField) else _parse_type(kind)
-        python, optional = (Any, _optional(kind)) if parsed is None else (parsed[0], parsed[2])
-        if optional:
-            fields[f"field_{i}"] = (python | None, Field(None, alias=field))
-        else:
-            fields[f"field_{i}"] = (python, Field(..., alias=field))
+        rule = field_rule(kind)
+        parsed = _parse_type(rule.base) if isinstance(rule.base, str) else None
+        python = Any if parsed is None else parsed[0]
+        if rule.nullable:
+            python = python | None
+        default = rule.default if rule.optional else ...
+        fields[f"field_{i}"] = (python, Field(default, alias=field))
     model: type[BaseModel] = create_model(_class_name(task) + "Args", **fields)
     return model
 
@@ -393,14 +480,12 @@ def declared_options(spec: TaskContract) -> dict[str, Any]:
     return spec.options.model_dump(exclude_none=True)
 
 
-def _field_line(field: str, kind: str | RawField) -> str:
-    parsed = None if isinstance(kind, RawField) else _parse_type(kind)
+def _field_line(field: str, kind: FieldKind) -> str:
+    rule = field_rule(kind)
+    parsed = _parse_type(rule.base) if isinstance(rule.base, str) else None
     name = field if field.isidentifier() and not keyword.iskeyword(field) else None
-    if parsed is None:
-        annotation, default = "Any", " = None" if _optional(kind) else ""
-    else:
-        _, text, optional = parsed
-        annotation, default = (f"{text} | None", " = None") if optional else (text, "")
+    annotation = "Any" if parsed is None else parsed[1] + (" | None" if rule.nullable else "")
+    default = f" = {_literal(rule.default)}" if rule.optional else ""
     if name is None:  # a JSON key that is no Python name: an alias
         alias = f"Field({default.removeprefix(' = ') or '...'}, alias={_literal(field)})"
         return f"{_identifier(field)}: {annotation} = {alias}"

@@ -7,7 +7,7 @@ DataloaderError
 ├── InvalidJob              a new job's field out of bounds (also a ValueError)
 ├── IdempotencyConflict     an idempotency_key already names a job with other fields
 ├── UnknownTask             a trigger names a task no live process knows (HTTP, CLI)
-├── DatabaseUnavailable     PostgreSQL cannot be reached
+├── DatabaseUnavailable     PostgreSQL refused, lost or stopped answering a connection
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
     └── JobLost             the job is no longer ours (lease reaped, lock connection lost)
@@ -97,7 +97,8 @@ def _describe_known(tasks: Iterable[str]) -> str:
 
 
 class DatabaseUnavailable(DataloaderError):
-    """PostgreSQL could not be reached."""
+    """PostgreSQL refused a connection, lost it or stopped answering on it: an outage, worth
+    retrying later (the driver's error is the cause)."""
 
 
 class JobInterrupted(DataloaderError):

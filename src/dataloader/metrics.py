@@ -93,7 +93,8 @@ JOBS_STARTED: Final = Counter(
 )
 JOBS_ENDED: Final = Counter(
     "dataloader_jobs_ended",
-    "Attempts ended, by outcome: succeeded, failed, retried, canceled, lost.",
+    "Attempts ended, by outcome: succeeded, failed, retried, canceled (a queued job's cancel"
+    " included), lost.",
     ["queue", "task", "outcome"],
 )
 JOB_WAIT: Final = Histogram(
@@ -134,7 +135,8 @@ LISTENER_UP: Final = Gauge(
 
 
 def count_ended(queue: str, task: str, journal: str) -> None:
-    """Count an attempt that ended with journal entry `journal` (other kinds: not counted)."""
+    """Count a job that ended, or an attempt that did, with journal entry `journal` (other
+    kinds: not counted): by a worker, the reaper, or a client (a queued job canceled)."""
     outcome = THROUGHPUT_KINDS.get(journal)
     if outcome is not None:
         JOBS_ENDED.labels(queue, task, outcome).inc()

@@ -281,6 +281,7 @@ class _Job:
     cancel_requested: bool = False
     rerun_requested: bool = False
     started_at: float | None = None
+    attempted_at: float | None = None
     finished_at: float | None = None
     result: Any = None
     error: str | None = None
@@ -437,6 +438,8 @@ class InMemoryQueue:
             job.claim_token, job.worker_id = uuid.uuid4(), worker_id
             job.lease_expires_at = self.now + job.lease_ttl_sec
             job.started_at = job.started_at if job.started_at is not None else self.now
+            # a new attempt: its start, and no error of the one before
+            job.attempted_at, job.error = self.now, None
             claimed.append(_claimed(job))
         return claimed
 
@@ -489,6 +492,8 @@ class InMemoryQueue:
             job.available_at = self.now + t.retry_in_sec
         if t.finished:
             job.finished_at = self.now
+        if t.clear_start:
+            job.started_at, job.attempted_at = None, None
         if not isinstance(t.error, Keep):
             job.error = t.error
         if not isinstance(t.result, Keep):
@@ -558,4 +563,5 @@ def _state(job: _Job) -> JobState:
         worker_id=job.worker_id,
         checkpoint=None,
         rerun_requested=job.rerun_requested,
+        attempted_at=_maybe_at(job.attempted_at),
     )

@@ -3,7 +3,12 @@ restarting (fast and immediate) under load."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
+
+from dataloader import Client, DatabaseUnavailable
+from dataloader.storage.migrate import migrate
 
 from ..integration_tests.helpers import wait_until
 from ..integration_tests.procs import Launcher
@@ -86,3 +91,41 @@ async def running_runs(scenario: Scenario) -> bool:
 
 async def has_listeners(scenario: Scenario, count: int) -> bool:
     return await listeners(scenario) == count
+
+
+async def test_a_producer_sees_a_restart_as_database_unavailable_then_carries_on(
+    private_server: PrivateServer,
+) -> None:
+    """While PostgreSQL restarts (fast: sessions ended; immediate: a crash), a producer's
+    calls raise DatabaseUnavailable and nothing else, and work again after it: retrying on
+    that one error is enough to enqueue every batch exactly once (idempotency keys)."""
+    conn = await asyncpg.connect(private_server.dsn)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    outages: list[str] = []
+    async with Client.connect(private_server.dsn) as client:
+
+        async def produce(batch: int) -> None:
+            jobs = [
+                client.job("t.any", {}, queue="q", lock_key=f"k{i}", idempotency_key=f"{batch}-{i}")
+                for i in range(50)
+            ]
+            while True:
+                try:
+                    await client.enqueue_many(jobs)
+                    await client.stats("q")
+                    return
+                except DatabaseUnavailable as exc:  # an outage: try again
+                    outages.append(str(exc))
+                    await asyncio.sleep(0.05)  # a producer's back-off, not a synchronisation
+
+        for mode in ("fast", "immediate"):
+            producers = asyncio.gather(*(produce(batch) for batch in range(20)))
+            await private_server.restart(mode)
+            await asyncio.wait_for(producers, 60)
+            await asyncio.wait_for(asyncio.gather(*(produce(b) for b in range(20, 40))), 60)
+        assert outages, "no call met the restarts"
+        assert all(message.startswith("database unavailable: ") for message in outages)
+        assert (await client.stats("q"))["q"].ready == 40 * 50

@@ -228,6 +228,39 @@ async def test_a_retry_waits_its_delay_and_the_last_attempt_ends_the_job(backend
     assert (state.status, state.error) == (JobStatus.FAILED, "still down")
 
 
+async def test_a_job_running_again_shows_its_new_attempt_not_the_last_one(
+    backend: Backend,
+) -> None:
+    """`started_at` stays the first attempt's start; `attempted_at` is the current one's, and
+    the previous attempt's error shows while the job waits for its retry, not once it runs."""
+    job = await enqueue(backend, "a", max_attempts=2)
+    (claim,) = await backend.claim(QUEUE)
+    first = await backend.get(job)
+    assert first is not None
+    assert first.started_at is not None
+    assert first.attempted_at == first.started_at
+    assert await backend.retry(claim, 10, "upstream down")
+    waiting = await backend.get(job)
+    assert waiting is not None
+    assert (waiting.status, waiting.error) == (JobStatus.QUEUED, "upstream down")
+    await backend.advance(11)
+    (claim,) = await backend.claim(QUEUE)
+    running = await backend.get(job)
+    assert running is not None
+    assert (running.status, running.attempt, running.error) == (JobStatus.RUNNING, 2, None)
+    assert running.started_at == first.started_at
+    assert running.attempted_at is not None
+    assert running.attempted_at > first.attempted_at
+    assert await backend.complete(claim, "ok")
+    done = await backend.get(job)
+    assert done is not None
+    assert (done.status, done.error, done.attempted_at) == (
+        JobStatus.SUCCEEDED,
+        None,
+        running.attempted_at,
+    )
+
+
 async def test_a_lease_that_runs_out_on_the_last_attempt_loses_the_job(backend: Backend) -> None:
     job = await enqueue(backend, "a", max_attempts=1)
     await backend.claim(QUEUE)

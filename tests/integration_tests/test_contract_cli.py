@@ -13,6 +13,7 @@ import dataloader
 class SendArgs(BaseModel):
     to: str
     user_id: int
+    lang: str = "en"
 
 @dataloader.task("emails.send", queue="emails", args=SendArgs, max_attempts=5)
 async def send(ctx: dataloader.JobContext[SendArgs]) -> None:
@@ -47,6 +48,15 @@ def test_export_then_check_is_a_gate_against_breaking_changes(tmp_path: Path) ->
     assert "BREAKING: emails.send: field user_id: string, contract int" in output
     assert "dataloader: contract.yaml: 1 breaking change(s)" in output
 
+    (tmp_path / "mytasks.py").write_text(
+        TASKS.replace('lang: str = "en"', "lang: str | None = None")
+    )
+    assert contract(tmp_path, "export", "--out", "nullable.yaml")[0] == 0
+    (tmp_path / "mytasks.py").write_text(TASKS)
+    code, output = contract(tmp_path, "check", "nullable.yaml")
+    assert code == 1
+    assert "BREAKING: emails.send: field lang: null refused, contract accepts null" in output
+
 
 def test_a_missing_or_bad_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "mytasks.py").write_text(TASKS)
@@ -66,5 +76,8 @@ def test_generate_writes_a_module_of_models_and_stubs(tmp_path: Path) -> None:
     assert contract(tmp_path, "export", "--out", "contract.yaml")[0] == 0
     assert contract(tmp_path, "generate", "contract.yaml", "--out", "stubs.py")[0] == 0
     stubs = (tmp_path / "stubs.py").read_text()
-    assert "class EmailsSendArgs(BaseModel):\n    to: str\n    user_id: int\n" in stubs
+    assert (
+        'class EmailsSendArgs(BaseModel):\n    to: str\n    user_id: int\n    lang: str = "en"\n'
+        in stubs
+    )
     compile(stubs, "stubs.py", "exec")

@@ -25,6 +25,7 @@ queues:
           to: string
           user_id: int64
           tags: "[]string?"
+          lang: {type: string, default: en}
 """
 
 
@@ -58,6 +59,13 @@ async def test_triggers_are_checked_against_the_contract(
         "/api/v1/jobs/trigger", json=body | {"args": {"to": "a@b.c"}}
     )
     assert missing.status_code == 422
+
+    null_for_a_default = await service.client.post(
+        "/api/v1/jobs/trigger",
+        json=body | {"args": {"to": "a@b.c", "user_id": 7, "tags": None, "lang": None}},
+    )
+    assert null_for_a_default.status_code == 422  # optional is not nullable
+    assert "args.lang" in null_for_a_default.json()["detail"][0]["msg"]
 
     wrong_queue = await service.client.post(
         "/api/v1/jobs/trigger",

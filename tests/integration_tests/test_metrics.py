@@ -5,6 +5,7 @@ of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -65,12 +66,38 @@ async def test_jobs_are_counted_by_queue_task_and_outcome(
         outcome: sample(samples, "dataloader_jobs_ended_total", **labels, outcome=outcome)
         for outcome in ("succeeded", "failed", "retried", "canceled", "lost")
     }
-    # the canceled job never ran: it is no attempt that ended
-    assert ended == {"succeeded": 3, "failed": 1, "retried": 1, "canceled": 0, "lost": 0}
+    # the canceled job never ran, and it ended all the same
+    assert ended == {"succeeded": 3, "failed": 1, "retried": 1, "canceled": 1, "lost": 0}
     assert sample(samples, "dataloader_job_wait_seconds_count", queue=queue) == 5
     assert sample(samples, "dataloader_job_duration_seconds_count", **labels) == 5
     assert sample(samples, "dataloader_claim_duration_seconds_count", queue=queue) >= 1
     assert sample(samples, "dataloader_listener_up") == 1
+
+
+async def test_every_cancel_is_counted_whether_the_job_was_queued_or_running(
+    start_service: StartService, registry: PipelineRegistry
+) -> None:
+    queue = f"m-{uuid.uuid4().hex[:8]}"
+    started = asyncio.Event()
+
+    @registry.task("t.long", queue=queue)
+    async def long(ctx: JobContext[dict[str, Any]]) -> None:
+        started.set()
+        while True:  # a long task that checks for a cancel between its chunks of work
+            ctx.check_cancelled()
+            await asyncio.sleep(0.05)
+
+    service = await start_service(workers=[{"queue": queue, "concurrency": 1}])
+    running = await service.dl.enqueue("t.long", {}, lock_key="a")
+    await asyncio.wait_for(started.wait(), 30)
+    queued = await service.dl.enqueue("t.long", {}, lock_key="b")  # the one slot is taken
+    for job in (queued, running):
+        await service.dl.cancel(job.job_id)
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "canceled"
+
+    samples = await scrape(service.client)
+    labels = {"queue": queue, "task": "t.long", "outcome": "canceled"}
+    assert sample(samples, "dataloader_jobs_ended_total", **labels) == 2
 
 
 async def test_lost_jobs_are_counted_by_the_reaper(

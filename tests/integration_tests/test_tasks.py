@@ -253,6 +253,42 @@ async def test_retry_after_uses_the_tasks_own_delay_and_counts_the_attempt(
     assert await claimed_before_due(conn, job.job_id) == 0
 
 
+async def test_a_retried_job_s_fields_tell_its_first_start_and_its_last_attempt(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    """After a retry `started_at` is the first attempt's start, `attempted_at` the last one's,
+    and `duration_ms` measures the last attempt, within `finished_at - attempted_at`; while the
+    second attempt runs, the first one's error is gone from the job (the journal keeps it)."""
+    running, release = asyncio.Event(), asyncio.Event()
+
+    @registry.task("t.second", queue=TASK_QUEUE, max_attempts=2, retry=Fixed(0))
+    async def second(ctx: JobContext[dict[str, Any]]) -> None:
+        if ctx.attempt == 1:
+            raise Boom("first attempt")
+        running.set()
+        await release.wait()
+
+    service = await start_service(workers=WORKERS)
+    job = await service.dl.enqueue("t.second", lock_key="k")
+    await asyncio.wait_for(running.wait(), 30)
+    during = await service.dl.get(job.job_id)
+    assert during is not None
+    assert (during.status, during.attempt, during.error) == (JobStatus.RUNNING, 2, None)
+    assert during.duration_ms is None
+    release.set()
+    state = await finished(service, job.job_id)
+    assert state.status == JobStatus.SUCCEEDED
+    assert state.started_at is not None
+    assert state.attempted_at is not None
+    assert state.finished_at is not None
+    assert state.duration_ms is not None
+    assert state.started_at < state.attempted_at == during.attempted_at
+    last_attempt_ms = (state.finished_at - state.attempted_at).total_seconds() * 1000
+    assert state.duration_ms <= last_attempt_ms + 1  # the worker's clock, rounded
+    (requeued,) = await event_payloads(conn, str(job.job_id), "requeue")
+    assert requeued["error"] == "Boom: first attempt"
+
+
 class Unrecoverable(LookupError):
     """A subclass of a type the task names non-retryable."""
 

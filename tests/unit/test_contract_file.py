@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,6 @@ queues:
           extra:
             json_schema:
               anyOf: [{type: object, additionalProperties: true}, {type: "null"}]
-              default: null
             optional: true
 tasks:
   misc.ping: {}
@@ -221,3 +221,113 @@ assert annotation == dataloader.Batch[generated.EmailsSendArgs], annotation
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+class LoadArgs(BaseModel):
+    """Fields that may be left out, each its own way."""
+
+    day: str
+    table: str = "readings"  # left out: "readings"; null refused
+    limit: int | None = 100  # left out: 100; null accepted
+    note: str | None = None  # left out: null
+    shards: list[int] = [1]  # a list's default
+    since: int | None  # required, null accepted
+
+
+def load_registry(args: type[BaseModel] = LoadArgs) -> TaskRegistry:
+    registry = TaskRegistry()
+
+    @registry.task("etl.load", args=args)
+    async def load(ctx: JobContext[Any]) -> None:
+        return None
+
+    return registry
+
+
+def test_a_field_with_a_default_may_be_left_out_and_is_not_nullable() -> None:
+    text = dump_contract(export_contract(load_registry()))
+    assert (
+        load_contract(text).tasks["etl.load"].args
+        == load_contract(
+            """
+tasks:
+  etl.load:
+    args:
+      day: string
+      table: {type: string, default: readings}
+      limit: {type: "int?", default: 100}
+      note: string?
+      shards: {type: "[]int", default: [1]}
+      since: {json_schema: {anyOf: [{type: integer}, {type: "null"}]}}
+"""
+        )
+        .tasks["etl.load"]
+        .args
+    )
+    model = args_model("etl.load", load_contract(text).tasks["etl.load"])
+    left_out = model.model_validate({"day": "d", "since": None})
+    assert left_out.model_dump(by_alias=True) == LoadArgs(day="d", since=None).model_dump()
+    with pytest.raises(ValueError, match="table"):
+        model.model_validate({"day": "d", "since": None, "table": None})
+    model.model_validate({"day": "d", "since": None, "limit": None, "note": None})
+
+
+def test_what_a_producer_makes_with_the_generated_model_is_what_the_worker_takes(
+    tmp_path: Path,
+) -> None:
+    """The stub's model has the worker's defaults: filled by a producer that leaves out what
+    it may, its JSON is valid for the worker's own model, defaults included."""
+    contract = export_contract(load_registry())
+    (tmp_path / "generated.py").write_text(generate_code(contract))
+    probe = """
+import json, generated
+print(json.dumps(generated.EtlLoadArgs(day="d", since=None).model_dump(mode="json")))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    sent = json.loads(result.stdout)
+    assert LoadArgs.model_validate_json(json.dumps(sent), strict=True) == LoadArgs(
+        day="d", since=None
+    )
+    assert sent["table"] == "readings"
+
+
+class Nullable(BaseModel):
+    """LoadArgs as a contract that read defaults as nullable described it."""
+
+    day: str
+    table: str | None = None
+    limit: int | None = 100
+    note: str | None = None
+    shards: list[int] = [1]
+    since: int | None
+
+
+def test_code_that_refuses_a_null_or_moves_a_default_breaks_the_contract() -> None:
+    contract = export_contract(load_registry(Nullable))
+    assert sorted(str(f) for f in check_contract(contract, load_registry())) == [
+        "BREAKING: etl.load: field table: null refused, contract accepts null"
+    ]
+
+    class Moved(LoadArgs):
+        limit: int | None = 10
+
+    assert [
+        str(f) for f in check_contract(export_contract(load_registry()), load_registry(Moved))
+    ] == ["BREAKING: etl.load: field limit: default 10, contract 100"]
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("{type: long, default: 1}", "task t, field a: unknown type 'long'"),
+        ("{type: int, default: seven}", "task t, field a: default 'seven' is no int"),
+        ("{type: int, default: null}", "task t, field a: default None is no int"),
+    ],
+)
+def test_a_default_its_type_refuses_is_one_line(field: str, message: str) -> None:
+    with pytest.raises(ContractError) as raised:
+        load_contract(f"tasks: {{t: {{args: {{a: {field}}}}}}}")
+    assert str(raised.value).startswith(message)

@@ -8,7 +8,7 @@ plus what it cannot derive from the routes alone.
   one. The schema is recursive through objects (`JsonValue`, `JsonObject`); arrays directly
   inside arrays are spelt out to `NESTED_ARRAYS` levels, since client generators refuse an
   array that holds itself.
-* Links from the trigger's `job_id` to the job's status and cancel, so that a client (or a
+* Links from the trigger's `job_id` to the job (and its status) and cancel, so that a client (or a
   stateful test) knows where the id goes.
 * With the unknown-task check on (`DL_ALLOW_UNKNOWN_TASKS` false), the trigger's `task` is an
   `enum` of the tasks live processes know, read again (through the `LiveTasks` cache) each
@@ -33,6 +33,7 @@ from dataloader.workers.pipelines.registry import PipelineRegistry
 TRIGGER_PATH = "/api/v1/jobs/trigger"
 #: Operations that take the job_id a trigger answers with.
 JOB_PATHS = {
+    "GetJob": ("/api/v1/jobs/{job_id}", "get"),
     "GetJobStatus": ("/api/v1/jobs/{job_id}/status", "get"),
     "CancelJob": ("/api/v1/jobs/{job_id}/cancel", "post"),
 }

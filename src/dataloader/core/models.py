@@ -178,13 +178,16 @@ class JobState:
     priority: int
     #: The task's return value when the last attempt succeeded (JSON), else None.
     result: Any
-    #: How long the last attempt ran, in milliseconds.
+    #: How long the last attempt that ended ran, in milliseconds (None while one runs): it
+    #: started at `attempted_at`, and ran until `finished_at` when it ended the job.
     duration_ms: int | None
     #: The worker process that made the last claim.
     worker_id: str | None
     #: The cursor the task last saved with `ctx.checkpoint` (None: none).
     checkpoint: Any
     rerun_requested: bool
+    #: When the current (or last) attempt started; `started_at` is the first attempt's.
+    attempted_at: datetime | None = None
 
     @property
     def finished(self) -> bool:

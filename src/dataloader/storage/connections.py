@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import asyncpg
 from asyncpg import Record
 
+from dataloader.exceptions import DatabaseUnavailable
 from dataloader.storage import queries
-from dataloader.storage.db import DEFAULT_TIMEOUT_SEC, AnyConnection, Connection, Pool
+from dataloader.storage.db import (
+    CONNECTION_ERRORS,
+    DEFAULT_TIMEOUT_SEC,
+    AnyConnection,
+    Connection,
+    Pool,
+)
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -29,6 +36,27 @@ class Connections(Protocol):
     def connection(self) -> Any:
         """An async context manager giving an asyncpg connection for a few statements."""
         ...
+
+
+class OutageReporting:
+    """Connections (`inner`'s) whose refusal or loss raises DatabaseUnavailable, one line, the
+    driver's error as its cause, whatever statement was running: a connection refused, lost
+    or gone silent (`CONNECTION_ERRORS`: a restarting server, a session terminated, a socket
+    cut, a timeout). What the client's callers see, so that they tell an outage, worth
+    retrying, from a mistake; the workers, which handle each connection error themselves, use
+    their connections directly."""
+
+    def __init__(self, inner: Connections) -> None:
+        self._inner = inner
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        try:
+            async with self._inner.connection() as conn:
+                yield conn
+        except CONNECTION_ERRORS as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise DatabaseUnavailable(f"database unavailable: {message}") from exc
 
 
 class GuardedPool:
@@ -183,6 +211,18 @@ class EngineConnections:
                 # statements; ours run past it, so it would hand this one out again
                 if driver.is_closed():
                     await sa_conn.invalidate()
+
+
+class CallerConnections:
+    """The caller's own connection (its transaction) as a source of connections: see
+    `caller_connection`."""
+
+    def __init__(self, connection: AnyConnection | AsyncSession | AsyncConnection) -> None:
+        self._connection = connection
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AnyConnection]:
+        yield await caller_connection(self._connection)
 
 
 async def caller_connection(

@@ -137,7 +137,7 @@ JOB_STATUS: Final = Statement("""
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
        progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
-       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs WHERE job_id = :job_id
 """)
 
@@ -170,7 +170,7 @@ _LIST_JOBS = """
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
        progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
-       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs
 WHERE {conditions}
 ORDER BY {order}
@@ -207,7 +207,7 @@ SELECT count(*) FROM (
 
 #: What the client decides a cancel, a retry or a re-run on.
 JOB_FACTS: Final = Statement("""
-SELECT status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
+SELECT queue, task, status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
        rerun_requested
 FROM dl_jobs WHERE job_id = :job_id
 """)
@@ -378,6 +378,11 @@ WITH walked AS (
     UPDATE dl_jobs j
     SET status = 'running',
         started_at = COALESCE(j.started_at, now()),
+        -- a new attempt: its start, and no error or duration of the one before (the journal
+        -- keeps those)
+        attempted_at = now(),
+        error = NULL,
+        duration_ms = NULL,
         attempt = j.attempt + 1,
         claim_seq = j.claim_seq + 1,
         claim_token = md5(:claim_seed::uuid::text || '/' || picked.n)::uuid,
@@ -826,6 +831,7 @@ WITH u AS (
         result = CASE WHEN m.set_result THEN m.result::jsonb ELSE j.result END,
         duration_ms = CASE WHEN m.set_duration THEN m.duration_ms ELSE j.duration_ms END,
         started_at = CASE WHEN m.clear_start THEN NULL ELSE j.started_at END,
+        attempted_at = CASE WHEN m.clear_start THEN NULL ELSE j.attempted_at END,
         heartbeat_at = CASE WHEN m.clear_start THEN NULL ELSE j.heartbeat_at END,
         cancel_requested = COALESCE(m.set_cancel, j.cancel_requested),
         rerun_requested = COALESCE(m.set_rerun, j.rerun_requested),
@@ -908,6 +914,9 @@ WITH u AS (
     SET status = 'running',
         parked = NULL,
         started_at = COALESCE(q.started_at, now()),
+        attempted_at = now(),  -- a new attempt, as CLAIM_JOBS starts one
+        error = NULL,
+        duration_ms = NULL,
         attempt = q.attempt + 1,
         claim_seq = q.claim_seq + 1,
         claim_token = md5(:claim_seed::uuid::text || '/' || n.job_id::text)::uuid,

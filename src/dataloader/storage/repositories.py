@@ -72,13 +72,21 @@ class JobPage:
     next_cursor: str | None
 
 
+#: What a repository tells of a transition it wrote: the job's queue and task, the journal kind.
+Written = Callable[[str, str, str], None]
+
+
 class JobRepository:
     """The client's statements over a source of connections."""
 
-    def __init__(self, connections: Connections, actor: str = "client") -> None:
+    def __init__(
+        self, connections: Connections, actor: str = "client", written: Written | None = None
+    ) -> None:
         self.connections = connections
         #: Who the journal says acted (`by`).
         self.actor = actor
+        #: Told of each transition written (a queued job canceled, say): metrics count them.
+        self.written = written
 
     async def enqueue(self, job: NewJob, options: JobOptions | None = None) -> EnqueueResult:
         """Insert `job` (see `enqueue`)."""
@@ -203,6 +211,8 @@ class JobRepository:
                 if decision is None:
                     return False
                 if await _write(conn, job_id, facts, decision, self.actor):
+                    if self.written is not None and isinstance(decision, Transition):
+                        self.written(row["queue"], row["task"], decision.journal)
                     return True
         raise RuntimeError(f"job {job_id} kept changing; gave up after {MAX_DECISIONS} tries")
 
@@ -461,6 +471,7 @@ def job_state(row: Record) -> JobState:
         worker_id=row["worker_id"],
         checkpoint=_json(row["checkpoint"]),
         rerun_requested=row["rerun_requested"],
+        attempted_at=row["attempted_at"],
     )
 
 

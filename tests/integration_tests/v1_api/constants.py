@@ -9,6 +9,10 @@ HEALTH_URL = "/health"
 STATUS_URL = "/status"
 
 
+def job_url(job_id: str) -> str:
+    return f"/api/v1/jobs/{job_id}"
+
+
 def status_url(job_id: str) -> str:
     return f"/api/v1/jobs/{job_id}/status"
 

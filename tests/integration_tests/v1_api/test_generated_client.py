@@ -33,6 +33,7 @@ OPERATIONS = {
         "trigger_job",
         "list_jobs",
         "get_job",
+        "get_job_status",
         "list_job_events",
         "retry_job",
         "cancel_job",
@@ -145,7 +146,7 @@ async def test_the_generated_client_triggers_reads_and_cancels_a_job(
     models = importlib.import_module(f"{PACKAGE}.models")
     jobs = {
         name: importlib.import_module(f"{PACKAGE}.api.jobs.{name}")
-        for name in ("trigger_job", "get_job", "cancel_job", "list_jobs")
+        for name in ("trigger_job", "get_job", "get_job_status", "cancel_job", "list_jobs")
     }
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=service.app), base_url="http://dataloader.test"
@@ -180,6 +181,7 @@ async def test_the_generated_client_triggers_reads_and_cancels_a_job(
 
         read_again = await jobs["get_job"].asyncio(job_id, client=client)
         assert isinstance(read_again, models.JobStatusResponse)
+        assert read_again == await jobs["get_job_status"].asyncio(job_id, client=client)
         assert read_again.status == models.JobStatus.CANCELED
         assert read_again.finished_at is not None
 

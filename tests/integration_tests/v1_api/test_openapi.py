@@ -36,16 +36,18 @@ def securities(openapi: dict[str, Any]) -> list[Any]:
 
 def test_security_is_declared_only_when_tokens_are_configured() -> None:
     open_schema = schema()
-    assert securities(open_schema) == [None] * 19
+    assert securities(open_schema) == [None] * 20
     assert "securitySchemes" not in open_schema["components"]
     secured = schema(api_tokens=TOKENS)
-    assert securities(secured).count([{"HTTPBearer": []}]) == 18  # all but /health
+    assert securities(secured).count([{"HTTPBearer": []}]) == 19  # all but /health
     assert secured["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 
 def test_the_trigger_links_its_job_id_to_status_and_cancel() -> None:
     links = schema()["paths"]["/api/v1/jobs/trigger"]["post"]["responses"]["200"]["links"]
-    assert sorted(links) == ["CancelJob", "GetJobStatus", "GetQueue"]
+    assert sorted(links) == ["CancelJob", "GetJob", "GetJobStatus", "GetQueue"]
+    assert links["GetJob"]["operationId"] == "get_job"
+    assert links["GetJob"]["parameters"] == {"job_id": "$response.body#/job_id"}
     assert links["GetJobStatus"]["parameters"] == {"job_id": "$response.body#/job_id"}
     assert links["CancelJob"]["parameters"] == {"job_id": "$response.body#/job_id"}
     assert links["GetQueue"]["parameters"] == {"queue": "$request.body#/queue"}

@@ -30,6 +30,7 @@ from .constants import (
     UNPARSABLE_RAW_BODIES,
     VALID_TRIGGER,
     cancel_url,
+    job_url,
     status_url,
 )
 
@@ -84,6 +85,22 @@ async def test_trigger_status_cancel_of_a_queued_job(
     assert again.status_code == 200, again.text
     assert again.json() == canceled
     assert await event_kinds(conn, job_id) == ["queued", "canceled"]
+
+
+async def test_the_job_route_answers_what_its_status_route_does(
+    start_service: StartService,
+) -> None:
+    """`GET /api/v1/jobs/{job_id}` is the job itself: the body `…/status` answers, queued and
+    finished."""
+    api = await start_service(run_workers=False)
+    job_id = (await api.client.post(TRIGGER_URL, json=VALID_TRIGGER)).json()["job_id"]
+    for action in ("trigger", "cancel"):
+        if action == "cancel":
+            await api.client.post(cancel_url(job_id))
+        job = await api.client.get(job_url(job_id))
+        assert job.status_code == 200, job.text
+        assert job.json() == await api.status(job_id)
+        assert job.json()["status"] == {"trigger": "queued", "cancel": "canceled"}[action]
 
 
 async def test_canceled_queued_job_never_runs(
@@ -258,16 +275,21 @@ async def test_concurrent_identical_triggers_create_one_job(
 # --- not found, bad ids ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["status", "cancel"])
+async def ask(api: Any, method: str, job_id: str) -> Any:
+    """The answer of the job route `method` (`job`, `status` or `cancel`) for `job_id`."""
+    if method == "job":
+        return await api.client.get(job_url(job_id))
+    if method == "status":
+        return await api.client.get(status_url(job_id))
+    return await api.client.post(cancel_url(job_id))
+
+
+@pytest.mark.parametrize("method", ["job", "status", "cancel"])
 async def test_unknown_job_is_404_with_a_json_detail(
     start_service: StartService, method: str
 ) -> None:
     api = await start_service(run_workers=False)
-    job_id = str(uuid.uuid4())
-    if method == "status":
-        response = await api.client.get(status_url(job_id))
-    else:
-        response = await api.client.post(cancel_url(job_id))
+    response = await ask(api, method, str(uuid.uuid4()))
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/json"
     detail = response.json()["detail"]
@@ -275,17 +297,23 @@ async def test_unknown_job_is_404_with_a_json_detail(
     assert "not found" in detail
 
 
-@pytest.mark.parametrize("method", ["status", "cancel"])
+@pytest.mark.parametrize("method", ["job", "status", "cancel"])
 async def test_malformed_job_id_is_422_naming_job_id(
     start_service: StartService, method: str
 ) -> None:
     api = await start_service(run_workers=False)
-    if method == "status":
-        response = await api.client.get(status_url("not-a-uuid"))
-    else:
-        response = await api.client.post(cancel_url("not-a-uuid"))
+    response = await ask(api, method, "not-a-uuid")
     assert response.status_code == 422, response.text
     assert ("path", "job_id") in error_locs(response.json())
+
+
+@pytest.mark.parametrize("action", ["trigger", "cancel", "retry"])
+async def test_a_get_of_an_action_is_405_not_a_malformed_job_id(
+    start_service: StartService, action: str
+) -> None:
+    api = await start_service(run_workers=False)
+    response = await api.client.get(f"/api/v1/jobs/{action}")
+    assert response.status_code == 405, response.text
 
 
 # --- input validation --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import StreamingResponse
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
@@ -25,6 +26,20 @@ from dataloader.api.v1.schemas import (
 )
 from dataloader.api.v1.service import JobsService
 from dataloader.config import Scope
+
+#: The routes beside `/{job_id}` whose last segment is a word, not a job's id.
+ACTIONS = ("trigger", "cancel", "retry")
+
+
+class JobIdConvertor(StringConvertor):
+    """A path segment that may be a job's id: anything but the actions beside it, so that
+    `GET /api/v1/jobs/cancel` is refused with 405 (the route takes POST), not read as a
+    malformed id; an id that is no UUID still reaches the route and gets its 422."""
+
+    regex = f"(?!(?:{'|'.join(ACTIONS)})$)[^/]+"
+
+
+register_url_convertor("job_id", JobIdConvertor())
 
 router = APIRouter(
     prefix="/api/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS, route_class=AuthorizedRoute
@@ -100,14 +115,22 @@ async def retry_jobs(body: JobBulkRequest, service: Service, actor: Actor) -> Jo
 
 
 @router.get(
-    "/{job_id}/status",
+    "/{job_id:job_id}",
     response_model=JobStatusResponse,
     responses=NOT_FOUND,
     operation_id="get_job",
     dependencies=[requires(Scope.read)],
 )
-async def status(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
-    """A job's status, attempt, timings, error and progress."""
+@router.get(
+    "/{job_id}/status",
+    response_model=JobStatusResponse,
+    responses=NOT_FOUND,
+    operation_id="get_job_status",
+    dependencies=[requires(Scope.read)],
+)
+async def job(job_id: uuid.UUID, service: Service) -> JobStatusResponse:
+    """A job: its status, attempt, timings, error and progress (the same answer at
+    `/{job_id}` and at the spec's `/{job_id}/status`)."""
     return await service.status(job_id)
 
 

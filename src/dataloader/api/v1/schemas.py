@@ -141,10 +141,16 @@ class JobStatusResponse(BaseModel):
     job_id: uuid.UUID
     status: JobStatus
     attempt: int
-    started_at: datetime | None = None
+    started_at: datetime | None = Field(
+        default=None, description="When the first attempt started (a retry keeps it)."
+    )
     finished_at: datetime | None = None
     heartbeat_at: datetime | None = None
-    error: str | None = None
+    error: str | None = Field(
+        default=None,
+        description="Why the last attempt that ended did not succeed; cleared when a new"
+        " attempt starts (the journal keeps every attempt's).",
+    )
     progress: dict[str, Any] = Field(default_factory=dict)
     queue: str
     task: str
@@ -159,7 +165,9 @@ class JobStatusResponse(BaseModel):
         default=None, description="The task's return value when the job succeeded (JSON)."
     )
     duration_ms: int | None = Field(
-        default=None, description="How long the last attempt ran, in milliseconds."
+        default=None,
+        description="How long the last attempt that ended ran, from `attempted_at`, in"
+        " milliseconds (null while an attempt runs).",
     )
     worker_id: str | None = Field(
         default=None, description="The worker process that made the last claim."
@@ -168,6 +176,9 @@ class JobStatusResponse(BaseModel):
         default=None, description="The cursor the task last saved; the next attempt resumes there."
     )
     rerun_requested: bool = False
+    attempted_at: datetime | None = Field(
+        default=None, description="When the current (or last) attempt started."
+    )
 
 
 class JobFilterFields(BaseModel):
