@@ -124,6 +124,25 @@ async def test_a_schedule_whose_args_its_task_refuses_stops_the_start_in_one_lin
     assert "seconds" in line
 
 
+@pytest.mark.parametrize("command", [["serve"], ["worker"]])
+async def test_a_schedule_that_never_fires_stops_the_start_in_one_line(
+    db_dsn: str, tmp_path: Path, command: list[str]
+) -> None:
+    """`0 0 30 2 *` passes croniter's syntax check: refused at start, it never reaches (and
+    stops) a leader's scheduler."""
+    program = [str(DATALOADER_SCRIPT), *command]
+    cron = [{"name": "never", "schedule": "0 0 30 2 *", "task": "demo.sleep", "queue": "default"}]
+    result = await asyncio.to_thread(
+        run_cli,
+        program,
+        {"DL_DB_DSN": db_dsn, "DL_HTTP_PORT": str(free_port()), "DL_CRON": json.dumps(cron)},
+        tmp_path,
+    )
+    assert result.returncode == 2, result.stdout
+    assert "DL_CRON" in one_line(result.stdout)
+    assert "the cron schedule '0 0 30 2 *' never fires" in one_line(result.stdout)
+
+
 async def test_processes_that_ask_for_it_share_the_http_port(
     launcher: Launcher, db_dsn: str
 ) -> None:
