@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING
 
 from dataloader import metrics
@@ -92,6 +93,7 @@ class WorkerManager:
             {queue: w.concurrency for queue, w in self.queues.items()},
             registry,
             settings.presence_period_sec,
+            self.runtime.presence,
             self.runtime.ended,
         )
         self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
@@ -278,7 +280,12 @@ def _maintenance(
         Leadership(store, supervisor.holder, settings.leader_lease_sec),
         store,
         [
-            Periodic("reaper", reaper.sweep, settings.reaper_period_sec),
+            Periodic(
+                "reaper",
+                reaper.sweep,
+                settings.reaper_period_sec,
+                partial(reaper.next_in_sec, settings.reaper_period_sec),
+            ),
             Periodic("pruner", pruner.prune, settings.prune_period_sec),
             Periodic("cron", cron.tick, MAX_SLEEP_SEC, cron.next_in_sec),
         ],
