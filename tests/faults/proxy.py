@@ -3,6 +3,8 @@
 `freeze()` makes every connection open at that moment half-open: nothing is forwarded any more
 in either direction, yet no side sees the connection close (as with a stuck middlebox or a
 peer that vanished without a FIN). Connections opened afterwards are forwarded normally.
+`partition()` cuts the client side off altogether until `heal()`: open connections freeze, new
+ones are accepted and then stay silent too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class FreezingProxy:
         self._server: asyncio.Server | None = None
         self._live: set[asyncio.Event] = set()  # one "frozen" flag per connection
         self._writers: list[asyncio.StreamWriter] = []
+        self._healed = asyncio.Event()
+        self._healed.set()
         self.port = 0
 
     async def start(self) -> None:
@@ -36,6 +40,15 @@ class FreezingProxy:
         self._live = set()
         return frozen
 
+    def partition(self) -> None:
+        """Nothing gets through, on open connections or new ones, until `heal()`."""
+        self._healed.clear()
+        self.freeze()
+
+    def heal(self) -> None:
+        """New connections are forwarded again (those frozen stay silent)."""
+        self._healed.set()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -43,6 +56,9 @@ class FreezingProxy:
             writer.close()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if not self._healed.is_set():  # partitioned: accepted, never answered
+            self._writers.append(client_w)
+            return
         try:
             server_r, server_w = await asyncio.open_unix_connection(self._upstream)
         except OSError:
