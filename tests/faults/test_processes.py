@@ -54,8 +54,16 @@ async def test_a_killed_replicas_jobs_run_again_elsewhere_within_seconds(
     )
     await scenario.kill(victim)
     again = await scenario.restarted_elsewhere(jobs, survivor)
-    recovery = (again - scenario.killed_at[victim.pid]).total_seconds()
-    print(f"a killed replica's jobs ran again elsewhere {recovery:.2f}s after the kill")
+    killed = scenario.killed_at[victim.pid]
+    recovery = (again - killed).total_seconds()
+    taken_back = await scenario.conn.fetchval(
+        "SELECT max(ts) FROM dl_job_events WHERE kind = 'requeue' AND job_id = ANY($1::uuid[])",
+        jobs,
+    )
+    print(
+        f"a killed replica's jobs were taken back {(taken_back - killed).total_seconds():.2f}s"
+        f" and ran again elsewhere {recovery:.2f}s after the kill"
+    )
     assert 0 < recovery < RECOVERY_BOUND_SEC
     await scenario.check(1, await scenario.settle())
 

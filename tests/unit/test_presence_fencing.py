@@ -56,22 +56,42 @@ def test_the_fence_runs_from_each_refresh_send_and_is_lifted_by_a_deregistration
 @pytest.mark.parametrize(
     ("period", "due_in", "expected"),
     [
-        (10.0, None, 10.0),  # nothing running
+        (10.0, None, 6.0),  # nothing running: a job claimed now is gone no sooner than 6 s
+        (4.0, None, 4.0),
         (10.0, 3.2, 3.2 + DUE_MARGIN_SEC),  # an owner turns gone in 3.2 s unless refreshed
         (10.0, 0.0, DUE_MARGIN_SEC),
-        (10.0, 50.0, 10.0),  # a lease far off: the period still comes first
+        (10.0, 50.0, 6.0),  # a lease far off
     ],
 )
 def test_the_reaper_passes_when_a_job_becomes_reapable_or_every_period(
     period: float, due_in: float | None, expected: float
 ) -> None:
-    assert next_pass_in(period, due_in) == pytest.approx(expected)
+    assert next_pass_in(period, due_in, presence_period_sec=2.0) == pytest.approx(expected)
 
 
-def test_at_the_defaults_a_killed_process_s_jobs_are_reaped_within_about_6_s() -> None:
-    # its last refresh was sent at most a period (+10 %) before the kill; it is gone three
-    # periods after that refresh, and the reaper passes then (DUE_MARGIN_SEC later)
-    period = Settings(_env_file=None).presence_period_sec  # type: ignore[call-arg]
-    latest = GONE_AFTER_PERIODS * period + DUE_MARGIN_SEC
-    earliest = GONE_AFTER_PERIODS * period - 1.1 * period + DUE_MARGIN_SEC
-    assert (earliest, latest) == pytest.approx((3.9, 6.1))
+def _reaped_at(kill: float, last_refresh: float, claimed: float, last_pass: float) -> float:
+    """When the reaper takes back a killed process's job (the passes' schedule, simulated):
+    `last_pass` was the last pass before the claim."""
+    period = 2.0
+    gone = last_refresh + GONE_AFTER_PERIODS * period
+    at, due_in = last_pass, None
+    while True:
+        at += next_pass_in(10.0, due_in, period)
+        if at >= gone:
+            return at
+        # a pass that finds the job running learns when its owner turns gone
+        due_in = gone - at if at >= claimed else None
+
+
+@pytest.mark.parametrize("since_refresh", [0.0, 1.0, 2.2])
+@pytest.mark.parametrize("since_claim", [0.0, 0.5, 3.0, 30.0])
+@pytest.mark.parametrize("since_pass", [0.0, 2.0, 5.9])
+def test_at_the_defaults_a_killed_process_s_jobs_are_reaped_within_6_1_s_of_the_kill(
+    since_refresh: float, since_claim: float, since_pass: float
+) -> None:
+    """Its last refresh was sent at most a period (+10 %) before the kill; it is gone three
+    periods after that refresh; the reaper passes then, or had passed meanwhile."""
+    kill = 100.0
+    claimed = kill - since_claim
+    reaped = _reaped_at(kill, kill - since_refresh, claimed, claimed - since_pass)
+    assert reaped - kill <= 6.0 + DUE_MARGIN_SEC + 1e-9

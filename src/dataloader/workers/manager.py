@@ -284,7 +284,9 @@ def _maintenance(
                 "reaper",
                 reaper.sweep,
                 settings.reaper_period_sec,
-                partial(reaper.next_in_sec, settings.reaper_period_sec),
+                partial(
+                    reaper.next_in_sec, settings.reaper_period_sec, settings.presence_period_sec
+                ),
             ),
             Periodic("pruner", pruner.prune, settings.prune_period_sec),
             Periodic("cron", cron.tick, MAX_SLEEP_SEC, cron.next_in_sec),

@@ -11,9 +11,10 @@ a heartbeat or a presence refresh that got through meanwhile keeps its job, and 
 reapers only one writes a job's fate. A job whose flags changed in between (a cancel requested)
 is read and decided again.
 
-The next pass comes every DL_REAPER_PERIOD_SEC, or sooner, when a running job's lease runs out
-or its owner turns gone unless it refreshes its presence first: a dead process's jobs are taken
-back as soon as the database may consider it dead."""
+The next pass comes every DL_REAPER_PERIOD_SEC (at least every three presence periods), or
+sooner, when a running job's lease runs out or its owner turns gone unless it refreshes its
+presence first: a dead process's jobs are taken back as soon as the database may consider it
+dead."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from collections import Counter
 from dataloader import metrics
 from dataloader.core.transitions import on_expired
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.workers.fencing import GONE_AFTER_PERIODS
 from dataloader.workers.waiting import jittered
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,10 @@ class Reaper:
         self.due_in = await self._protocol.next_reapable_in()
         return swept
 
-    def next_in_sec(self, period_sec: float) -> float:
+    def next_in_sec(self, period_sec: float, presence_period_sec: float) -> float:
         """When the next pass is due: `period_sec` (jittered) after the last, or as soon as a
-        job becomes reapable, if that is sooner."""
-        return next_pass_in(jittered(period_sec), self.due_in)
+        job becomes reapable, if that is sooner (see `next_pass_in`)."""
+        return next_pass_in(jittered(period_sec), self.due_in, presence_period_sec)
 
     async def put_back_stranded(self) -> int:
         """Put back jobs parked behind a lock_key no job holds any more (only a change made by
@@ -94,7 +96,10 @@ class Reaper:
                 return totals
 
 
-def next_pass_in(period_sec: float, due_in: float | None) -> float:
-    """The wait before the next pass: the period, or just after the next job becomes reapable
-    (`due_in` seconds from the last pass), whichever comes first."""
-    return period_sec if due_in is None else min(period_sec, max(0.0, due_in) + DUE_MARGIN_SEC)
+def next_pass_in(period_sec: float, due_in: float | None, presence_period_sec: float) -> float:
+    """The wait before the next pass: the period, or just after the next job known at the last
+    pass becomes reapable (`due_in` seconds from it), whichever comes first, and never more
+    than the time a process takes to turn gone: a job claimed after the last pass, by a process
+    killed at once, is gone no sooner than that, so the pass after it finds out in time."""
+    wait = min(period_sec, GONE_AFTER_PERIODS * presence_period_sec)
+    return wait if due_in is None else min(wait, max(0.0, due_in) + DUE_MARGIN_SEC)
