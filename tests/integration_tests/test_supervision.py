@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,9 @@ from dataloader.maintenance.runner import Maintenance, Periodic
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.workers.base import QueueWorker
+from dataloader.workers.heartbeat import Heartbeat
+from dataloader.workers.job_context import JobContext
+from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.supervisor import Supervisor, backoff
 
 from .conftest import StartService
@@ -190,3 +194,48 @@ async def test_a_queue_loop_that_raises_is_restarted_and_its_jobs_run(
         return run is not None and run["ok"] and run["runs"] == 2
 
     await wait_until(recovered, what="the queue loop recorded as running again")
+
+
+async def test_a_heartbeat_that_raises_stops_the_running_jobs_before_it_restarts(
+    start_service: StartService,
+    registry: PipelineRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing stops a job at its fence deadline while the heartbeat is down: its jobs are
+    stopped (and handed back) when it fails, not left to outlive their lease."""
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @registry.task("t.long", queue="long")
+    async def long(ctx: JobContext[dict[str, Any]]) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    original = Heartbeat.fence_stale
+    broken = False
+
+    def fence_stale(self: Heartbeat) -> None:
+        nonlocal broken
+        if started.is_set() and not broken:
+            broken = True
+            raise RuntimeError("heartbeat broke")
+        original(self)
+
+    monkeypatch.setattr(Heartbeat, "fence_stale", fence_stale)
+    service = await start_service(workers=[{"queue": "long", "concurrency": 1}])
+    job_id = await service.trigger(task="t.long", queue="long")
+    await started.wait()
+    service.manager.runtime.job_started.set()  # the heartbeat's next turn now
+    await stopped.wait()
+
+    async def handed_back() -> bool:
+        reason = await conn.fetchval(
+            "SELECT payload->>'reason' FROM dl_job_events WHERE job_id = $1 AND kind = 'requeue'",
+            uuid.UUID(job_id),
+        )
+        return reason == "the heartbeat failed"
+
+    await wait_until(handed_back, what="the job handed back")

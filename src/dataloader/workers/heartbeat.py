@@ -41,7 +41,16 @@ class Heartbeat:
     async def run(self, stopping: asyncio.Event) -> None:
         """Beat until `stopping` is set. A job with a short lease starting makes the next beat
         come sooner (the deadline is recomputed from the last beat, never pushed back). Jobs are
-        stopped at their own fence deadline, which may fall between beats or during one."""
+        stopped at their own fence deadline, which may fall between beats or during one.
+        Should the loop itself fail, every running job is stopped: nothing would stop them
+        at their deadlines until it is restarted."""
+        try:
+            await self._beat_until(stopping)
+        except Exception:
+            self._rt.lose_all("the heartbeat failed")
+            raise
+
+    async def _beat_until(self, stopping: asyncio.Event) -> None:
         last_beat = time.monotonic()
         while not stopping.is_set():
             self.fence_stale()
