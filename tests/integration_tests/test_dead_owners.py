@@ -4,11 +4,9 @@ refresh within its three periods; and a process that cannot refresh stops its jo
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import asyncpg
 
@@ -17,12 +15,11 @@ from dataloader.core.transitions import on_expired
 from dataloader.runner import Runner
 from dataloader.storage.protocol import WorkerProtocol
 from dataloader.workers.fencing import presence_window
-from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import StartService
-from .helpers import wait_until
+from .helpers import block_first_run, pipeline_running, wait_until
 
 
 async def add_owner(conn: asyncpg.Connection, worker_id: str, seen_ago_sec: float) -> None:
@@ -116,21 +113,10 @@ async def test_a_process_that_cannot_refresh_stops_its_jobs_before_it_may_be_fou
     """Its refreshes are held up (its row locked by another session); its job, on a lease of
     a minute, is stopped at its presence's deadline, while the database still counts the
     process live, and handed back (refunded) once the refreshes get through again."""
-    started, stopped = asyncio.Event(), asyncio.Event()
-    stopped_at: list[float] = []
-
-    @registry.task("t.long", queue="long")
-    async def long(ctx: JobContext[dict[str, Any]]) -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            stopped_at.append(time.monotonic())
-            stopped.set()
-
+    stopped = block_first_run(registry, "t.long")
     period = 1.0
     settings = make_settings(
-        workers=[{"queue": "long", "concurrency": 1}],
+        workers=[{"queue": "default", "concurrency": 1}],
         presence_period_sec=period,
         default_lease_ttl_sec=60,
     )
@@ -139,8 +125,10 @@ async def test_a_process_that_cannot_refresh_stops_its_jobs_before_it_may_be_fou
         async with Runner(settings, registry) as runner:
             assert runner.manager is not None
             worker_id = runner.manager.worker_id
-            job_id = (await runner.client.enqueue("t.long", lock_key="long", queue="long")).job_id
-            await started.wait()
+            job_id = (
+                await runner.client.enqueue("t.long", lock_key="long", queue="default")
+            ).job_id
+            await wait_until(pipeline_running(runner.manager, str(job_id)), what="the job")
             tx = holder.transaction()
             await tx.start()
             await holder.execute(
@@ -148,6 +136,7 @@ async def test_a_process_that_cannot_refresh_stops_its_jobs_before_it_may_be_fou
             )
             locked_at = time.monotonic()
             await stopped.wait()
+            stopped_at = time.monotonic()
             # the database has not found the process gone: no one may have taken the job yet
             live = await conn.fetchval(
                 "SELECT seen_at > now() - make_interval(secs => 3 * period_sec)"
@@ -155,7 +144,7 @@ async def test_a_process_that_cannot_refresh_stops_its_jobs_before_it_may_be_fou
                 worker_id,
             )
             assert live
-            assert stopped_at[0] - locked_at <= presence_window(period)
+            assert stopped_at - locked_at <= presence_window(period)
             await tx.rollback()
 
             async def handed_back() -> bool:

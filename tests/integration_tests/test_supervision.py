@@ -18,12 +18,11 @@ from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.heartbeat import Heartbeat
-from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.supervisor import Supervisor, backoff
 
 from .conftest import StartService
-from .helpers import wait_until
+from .helpers import block_first_run, pipeline_running, wait_until
 
 
 @pytest.fixture
@@ -204,16 +203,8 @@ async def test_a_heartbeat_that_raises_stops_the_running_jobs_before_it_restarts
 ) -> None:
     """Nothing stops a job at its fence deadline while the heartbeat is down: its jobs are
     stopped (and handed back) when it fails, not left to outlive their lease."""
-    started, stopped = asyncio.Event(), asyncio.Event()
-
-    @registry.task("t.long", queue="long")
-    async def long(ctx: JobContext[dict[str, Any]]) -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            stopped.set()
-
+    stopped = block_first_run(registry, "t.long")
+    started = asyncio.Event()
     original = Heartbeat.fence_stale
     broken = False
 
@@ -225,9 +216,10 @@ async def test_a_heartbeat_that_raises_stops_the_running_jobs_before_it_restarts
         original(self)
 
     monkeypatch.setattr(Heartbeat, "fence_stale", fence_stale)
-    service = await start_service(workers=[{"queue": "long", "concurrency": 1}])
-    job_id = await service.trigger(task="t.long", queue="long")
-    await started.wait()
+    service = await start_service(workers=[{"queue": "default", "concurrency": 1}])
+    job_id = await service.trigger(task="t.long")
+    await wait_until(pipeline_running(service.manager, job_id), what="the job running")
+    started.set()
     service.manager.runtime.job_started.set()  # the heartbeat's next turn now
     await stopped.wait()
 
