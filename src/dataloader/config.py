@@ -285,11 +285,13 @@ class Settings(BaseSettings):
         " from removing the queue table's dead rows.",
     )
     presence_period_sec: float = Field(
-        default=5,
-        gt=0,
+        default=2,
+        ge=0.5,  # three periods leave the time a stopped job needs to hand itself back
         le=3600,
         description="How often a process refreshes its row of live workers (dl_workers); it"
-        " counts as live while refreshed within three periods.",
+        " counts as live while refreshed within three periods. A process not refreshed for"
+        " three periods is gone: its running jobs are taken back then (it stops them itself"
+        " before, when it cannot refresh).",
     )
     cron: Annotated[list[CronSpec], NoDecode] = Field(
         default_factory=list,

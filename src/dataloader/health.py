@@ -67,8 +67,17 @@ def warnings_of(reading: StatusReading, settings: Settings) -> list[str]:
 def maintenance_warnings(
     runs: list[MaintenanceRun], leases: list[Lease], live: list[LiveWorker], settings: Settings
 ) -> list[str]:
-    """Maintenance that fails, or that nobody runs while workers are live."""
-    warnings = [f"the last {r.task} run failed: {r.error}" for r in runs if not r.ok]
+    """Maintenance that fails, a loop of a live process that raised (it is being restarted),
+    or maintenance that nobody runs while workers are live."""
+    live_ids = {worker.worker_id for worker in live}
+    warnings = [
+        f"the {r.task} loop of {r.holder} failed and is restarted with a backoff: {r.error}"
+        if r.detail.get("supervised")
+        else f"the last {r.task} run failed: {r.error}"
+        for r in runs
+        # a loop stops mattering with its process
+        if not r.ok and (not r.detail.get("supervised") or r.holder in live_ids)
+    ]
     leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
     if any(worker.queues for worker in live) and (leader is None or not leader.valid):
         warnings.append(

@@ -13,6 +13,7 @@ import datetime as dt
 import os
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import asyncpg
 import pytest
 
 from dataloader import NewJob
+from dataloader.config import Settings
 from dataloader.storage.repositories import enqueue_many
 
 from ..integration_tests.helpers import wait_until
@@ -44,6 +46,23 @@ FAULT_ENV: dict[str, str] = {
     # 4 + listener + lock holder + the pipeline's ledger pool (≤ 4) per replica: two scenarios
     # of three replicas at once stay well within a server's default 100 connections
     "DL_DB_POOL_SIZE": "4",
+}
+
+
+#: The settings that time a dead process's recovery, at their defaults (FAULT_ENV and the
+#: launcher shorten them): a scenario that measures that recovery runs with these.
+DEFAULT_TIMINGS: dict[str, str] = {
+    f"DL_{name.upper()}": str(Settings.model_fields[name].default)
+    for name in (
+        "heartbeat_sec",
+        "reaper_period_sec",
+        "leader_lease_sec",
+        "default_lease_ttl_sec",
+        "poll_interval_sec",
+        "claim_backoff_sec",
+        "retry_base_sec",
+        "presence_period_sec",
+    )
 }
 
 
@@ -108,6 +127,56 @@ class Scenario:
         replica.send(signum)
         await replica.wait()
         self.hit(replica)
+
+    async def leads(self, replica: ServiceProcess) -> bool:
+        """Whether `replica` holds the maintenance lease (its worker id names its pid)."""
+        holder = await self.conn.fetchval(
+            "SELECT holder FROM dl_leases WHERE name = 'maintenance' AND expires_at > now()"
+        )
+        return holder is not None and f"-{replica.pid}-" in holder
+
+    async def claim_all_on(
+        self, replica: ServiceProcess, others: list[ServiceProcess], jobs: int, **enqueue: Any
+    ) -> list[uuid.UUID]:
+        """Enqueue `jobs` jobs and have `replica` alone start them all (the others are frozen,
+        SIGSTOP, for the moment it takes); their ids."""
+        for other in others:
+            other.send(signal.SIGSTOP)
+        try:
+            await self.enqueue(jobs, **enqueue)
+
+            async def all_started() -> bool:
+                n: int = await self.conn.fetchval(
+                    "SELECT count(*) FROM fault_runs WHERE pid = $1 AND ended_at IS NULL",
+                    replica.pid,
+                )
+                return n == jobs
+
+            await wait_until(all_started, what=f"{replica.name} to start every job")
+        finally:
+            for other in others:
+                other.send(signal.SIGCONT)
+        rows = await self.conn.fetch("SELECT job_id FROM fault_runs WHERE pid = $1", replica.pid)
+        return [row["job_id"] for row in rows]
+
+    async def restarted_elsewhere(
+        self, jobs: list[uuid.UUID], replica: ServiceProcess
+    ) -> dt.datetime:
+        """When the last of `jobs` started running again on `replica`."""
+
+        async def all_restarted() -> dt.datetime | None:
+            at: list[dt.datetime] = [
+                r["at"]
+                for r in await self.conn.fetch(
+                    "SELECT min(started_at) AS at FROM fault_runs"
+                    " WHERE pid = $1 AND job_id = ANY($2::uuid[]) GROUP BY job_id",
+                    replica.pid,
+                    jobs,
+                )
+            ]
+            return max(at) if len(at) == len(jobs) else None
+
+        return await wait_until(all_restarted, 60, f"the jobs to run again on {replica.name}")
 
     async def reconnect(self) -> None:
         """A new connection for the test itself (after its server restarted)."""

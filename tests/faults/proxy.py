@@ -8,6 +8,9 @@ peer that vanished without a FIN). Connections opened afterwards are forwarded n
 next bytes on it are swallowed and both sides closed, so a statement that commits is never
 heard of (the connection cut after COMMIT). `refuse()` closes every connection and every new
 one at once (the database unreachable).
+
+`partition()` cuts the client side off altogether until `heal()`: open connections freeze, new
+ones are accepted and then stay silent too.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class FreezingProxy:
         self._server: asyncio.Server | None = None
         self._live: set[_Link] = set()
         self._writers: list[asyncio.StreamWriter] = []
+        self._healed = asyncio.Event()
+        self._healed.set()
         self.port = 0
         self._refusing = False
 
@@ -83,6 +88,15 @@ class FreezingProxy:
             for writer in link.writers:
                 writer.close()
 
+    def partition(self) -> None:
+        """Nothing gets through, on open connections or new ones, until `heal()`."""
+        self._healed.clear()
+        self.freeze()
+
+    def heal(self) -> None:
+        """New connections are forwarded again (those frozen stay silent)."""
+        self._healed.set()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -97,6 +111,9 @@ class FreezingProxy:
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         if self._refusing:
             client_w.close()
+            return
+        if not self._healed.is_set():  # partitioned: accepted, never answered
+            self._writers.append(client_w)
             return
         try:
             server_r, server_w = await self._open_upstream()

@@ -1,4 +1,5 @@
-"""Faults of the network: connections that go half-open (a proxy stops forwarding)."""
+"""Faults of the network: connections that go half-open (a proxy stops forwarding), and a
+replica cut off from the database altogether."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncpg
 
 from ..integration_tests.helpers import wait_until
 from ..integration_tests.procs import Launcher, ServiceProcess
-from .conftest import Scenario, rounds
+from .conftest import DEFAULT_TIMINGS, Scenario, rounds
 from .proxy import FreezingProxy
 from .server import DATABASE, PrivateServer
 
@@ -71,6 +72,59 @@ async def test_half_open_connections_are_detected_and_replaced(
         except AssertionError:
             held = [tuple(r) for r in await conn.fetch(SESSIONS_BY_NAME, DATABASE)]
             raise AssertionError(f"sessions left open: {held}") from None
+    finally:
+        await scenario.conn.close()
+        await proxy.close()
+
+
+async def test_a_replica_cut_off_from_the_database_stops_its_jobs_before_they_are_taken_back(
+    private_server: PrivateServer, launcher: Launcher
+) -> None:
+    """At the default settings (leases of a minute): the cut-off replica's presence lapses; it
+    stops its jobs on its own clock before the survivor's reaper may take them back, so no two
+    runs of a job overlap (the checker). (They run again once the cut-off replica's lock
+    session ends: its advisory locks live on the server until then, here until it reconnects.)"""
+    proxy = FreezingProxy(private_server.socket_path)
+    await proxy.start()
+    conn = await asyncpg.connect(private_server.dsn)  # the test's own: not through the proxy
+    scenario = Scenario("partition", launcher, private_server.dsn, conn)
+    try:
+        [survivor] = await scenario.start(1, concurrency=4, **DEFAULT_TIMINGS)
+        await wait_until(lambda: scenario.leads(survivor), what="the survivor to lead")
+        [cut_off] = await scenario.start(
+            1,
+            concurrency=4,
+            **DEFAULT_TIMINGS,
+            DL_DB_DSN=proxy.dsn(DATABASE),
+            FAULT_LEDGER_DSN=private_server.dsn,  # its runs' ends are recorded all the same
+        )
+        jobs = await scenario.claim_all_on(
+            cut_off, [survivor], 4, per_key=1, steps=40, step_sec=0.25, lease_ttl_sec=60
+        )
+        proxy.partition()
+        scenario.hit(cut_off)
+
+        async def taken_back() -> bool:
+            n = await conn.fetchval(
+                "SELECT count(DISTINCT job_id) FROM dl_job_events WHERE kind = 'requeue'"
+                " AND payload ? 'reaper' AND job_id = ANY($1::uuid[])",
+                jobs,
+            )
+            return bool(n == len(jobs))
+
+        await wait_until(taken_back, 30, "the survivor's reaper to take the jobs back")
+        # each run stopped on its own, cut off as it was, before the reaper took its job back
+        # (this host's clock for both: the database runs on it)
+        late = await conn.fetch(
+            "SELECT r.job_id, r.ended_at, e.ts AS taken_back_at FROM fault_runs r"
+            " JOIN dl_job_events e ON e.job_id = r.job_id AND e.kind = 'requeue'"
+            "  AND e.payload ? 'reaper'"
+            " WHERE r.pid = $1 AND (r.ended_at IS NULL OR r.ended_at >= e.ts)",
+            cut_off.pid,
+        )
+        assert not late, late
+        proxy.heal()
+        await scenario.check(1, await scenario.settle(timeout=120))
     finally:
         await scenario.conn.close()
         await proxy.close()

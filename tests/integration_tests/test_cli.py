@@ -107,11 +107,20 @@ async def test_a_taken_http_port_stops_the_start_before_any_worker(
 
 
 @pytest.mark.parametrize("command", [["serve"], ["worker"]])
-async def test_a_schedule_whose_args_its_task_refuses_stops_the_start_in_one_line(
-    db_dsn: str, tmp_path: Path, command: list[str]
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        # args the task refuses: every slot's job would be refused
+        ("@daily", ["DL_CRON: the schedule 'nightly': demo.sleep refuses its args", "seconds"]),
+        # a date that never comes: croniter reads it, then finds no slot
+        ("0 0 30 2 *", ["DL_CRON", "the cron schedule '0 0 30 2 *' never fires"]),
+    ],
+)
+async def test_a_schedule_that_cannot_run_stops_the_start_in_one_line(
+    db_dsn: str, tmp_path: Path, command: list[str], schedule: str, expected: list[str]
 ) -> None:
     program = [str(DATALOADER_SCRIPT), *command]
-    cron = [{"name": "nightly", "schedule": "@daily", "task": "demo.sleep", "queue": "default"}]
+    cron = [{"name": "nightly", "schedule": schedule, "task": "demo.sleep", "queue": "default"}]
     result = await asyncio.to_thread(
         run_cli,
         program,
@@ -120,8 +129,8 @@ async def test_a_schedule_whose_args_its_task_refuses_stops_the_start_in_one_lin
     )
     assert result.returncode == 2, result.stdout
     line = one_line(result.stdout)
-    assert "DL_CRON: the schedule 'nightly': demo.sleep refuses its args" in line
-    assert "seconds" in line
+    for text in expected:
+        assert text in line
 
 
 async def test_processes_that_ask_for_it_share_the_http_port(

@@ -36,7 +36,7 @@ async def test_a_process_registers_refreshes_and_deregisters_on_a_clean_stop(
 ) -> None:
     settings = make_settings(
         workers=[{"queue": "a", "concurrency": 2}, {"queue": "b", "concurrency": 1}],
-        presence_period_sec=0.1,
+        presence_period_sec=0.5,
     )
     async with Runner(settings, registry) as runner:
         assert runner.manager is not None

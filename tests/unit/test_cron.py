@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -142,6 +143,18 @@ def test_a_daily_slot_in_the_hour_that_is_skipped_runs_when_it_ends() -> None:
 def test_bad_schedules_are_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="is not a cron schedule"):
         check_schedule(bad)
+
+
+@pytest.mark.parametrize("never", ["0 0 30 2 *", "0 0 31 4 *", "0 0 31 11 * 30"])
+def test_schedules_that_never_fire_are_refused(never: str) -> None:
+    """They pass croniter's syntax check, then fail every search for a slot."""
+    with pytest.raises(ValueError, match=re.escape(f"the cron schedule '{never}' never fires")):
+        check_schedule(never)
+    with pytest.raises(ValueError, match="never fires"):
+        TaskRegistry().task("t", queue="q", cron=never)
+    spec = f'[{{"name": "n", "schedule": "{never}", "task": "t", "queue": "q"}}]'
+    with pytest.raises(ConfigError, match="never fires"):
+        load_settings(_env_file=None, cron=spec)
 
 
 def test_unknown_time_zones_are_refused() -> None:

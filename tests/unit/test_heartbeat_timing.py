@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataloader.workers.heartbeat import MIN_SLACK_SEC, beat_period_for, fence_window
+from dataloader.workers.fencing import MIN_SLACK_SEC, beat_period_for, fence_window
 
 
 @pytest.mark.parametrize("ttl", [1, 2, 3, 5, 10, 30, 60, 300, 3600])

@@ -14,19 +14,26 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 #: Missed slots enqueued at most when a schedule catches up (the latest ones).
 MAX_CATCH_UP: Final = 100
 
 
 def check_schedule(expression: object) -> str:
-    """`expression` if it is a cron expression croniter reads; ValueError otherwise."""
+    """`expression` if it is a cron expression croniter reads and that has a next slot;
+    ValueError otherwise. A schedule of a date that never comes (`0 0 30 2 *`) passes
+    croniter's syntax check and then fails every attempt to find its slots: refused here, at
+    start, it cannot stop the scheduler later."""
     if not isinstance(expression, str) or not croniter.is_valid(expression.strip()):
         raise ValueError(
             f"{expression!r} is not a cron schedule (e.g. '*/5 * * * *', '0 3 * * *',"
             " '@hourly', or 6 fields with seconds last)"
         )
+    try:
+        croniter(expression.strip(), datetime.now(UTC)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValueError(f"the cron schedule {expression!r} never fires") from None
     return expression.strip()
 
 

@@ -41,11 +41,16 @@ class Leadership:
         self._valid_until = 0.0  # monotonic: when leading must stop without a renewal
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Bid until `stopping` is set; then release the lease if held."""
-        while True:
-            await self.bid()
-            if await wait_any(stopping, timeout=jittered(self._ttl / 3, 0.1)):
-                break
+        """Bid until `stopping` is set; then release the lease if held. Should the loop
+        itself fail, this process steps down first: nobody renews its lease any more."""
+        try:
+            while True:
+                await self.bid()
+                if await wait_any(stopping, timeout=jittered(self._ttl / 3, 0.1)):
+                    break
+        except BaseException:
+            self._follow("its bidding loop stopped")
+            raise
         await self.release()
 
     async def bid(self) -> bool:

@@ -1,4 +1,6 @@
-"""Runs the maintenance tasks, each in a loop of its own, while this process leads."""
+"""Runs the maintenance tasks, each in a loop of its own, while this process leads. Each loop,
+and the bid for the lead, is supervised (`workers.supervisor`): one that raises is logged,
+recorded as failed and restarted, and never stops the others."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dataloader import metrics
 from dataloader.maintenance.leader import Leadership
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.workers.supervisor import Supervisor
 from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
@@ -33,21 +37,35 @@ class Maintenance:
     """Bids for the lease and, while this process holds it, runs `tasks`."""
 
     def __init__(
-        self, leadership: Leadership, store: MaintenanceStore, tasks: list[Periodic]
+        self,
+        leadership: Leadership,
+        store: MaintenanceStore,
+        tasks: list[Periodic],
+        supervisor: Supervisor,
     ) -> None:
         self.leadership = leadership
         self._store = store
         self.tasks = tasks
+        self.supervisor = supervisor
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Bid and run until `stopping` is set (the lease is released then)."""
-        loops = [asyncio.create_task(self._loop(task, stopping)) for task in self.tasks]
+        loops = [
+            asyncio.create_task(
+                self.supervisor.run(
+                    task.name, partial(self._loop, task), stopping, records_runs=True
+                )
+            )
+            for task in self.tasks
+        ]
         try:
-            await self.leadership.run(stopping)
+            await self.supervisor.run("leader", self.leadership.run, stopping)
         finally:
             await asyncio.gather(*loops, return_exceptions=True)
 
     async def _loop(self, task: Periodic, stopping: asyncio.Event) -> None:
+        # what raises here (a schedule's next slot, say) ends the loop: its supervisor
+        # records that and starts it again
         leading = self.leadership.leading
         while not stopping.is_set():
             if not leading.is_set():

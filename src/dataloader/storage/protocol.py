@@ -453,17 +453,23 @@ class WorkerProtocol:
         )
 
     async def expired(self, limit: int) -> list[ExpiredJob]:
-        """Running jobs whose lease expired, oldest first."""
+        """Running jobs whose lease expired or whose owner is gone, oldest lease first."""
         rows = await self.db.fetch(*queries.EXPIRED_JOBS.bind(limit=limit))
         return [
             ExpiredJob(r["job_id"], r["queue"], r["task"], r["claim_token"], facts_of(r))
             for r in rows
         ]
 
+    async def next_reapable_in(self) -> float | None:
+        """Seconds until a running job next becomes the reaper's (None: none will)."""
+        due_in: float | None = await self.db.fetchval(queries.NEXT_REAPABLE_IN)
+        return due_in
+
     async def reap(
         self, decided: Sequence[tuple[ExpiredJob, Transition]], reaper_id: str
     ) -> dict[uuid.UUID, Applied]:
-        """Write the reaper's transitions, each only if its lease is still expired."""
+        """Write the reaper's transitions, each only if its lease is still expired or its
+        owner still gone."""
         return await apply_transitions(
             self.db.fetch,
             [(Fence(e.job_id, e.facts, e.claim_token, expired=True), t) for e, t in decided],

@@ -799,10 +799,15 @@ WITH u AS (
            CASE WHEN (u.flags & 2048) <> 0 THEN (u.flags & 4096) <> 0 END AS set_rerun
     FROM u
 ), ident AS (
+    -- `expect_expired` (the reaper's fence): the lease expired, or the owner is gone (its
+    -- presence lapsed: EXPIRED_JOBS), still, as the job is written
     SELECT j.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
     WHERE j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
-      AND (NOT t.expect_expired OR j.lease_expires_at < now())
+      AND (NOT t.expect_expired OR j.lease_expires_at < now()
+           OR EXISTS (SELECT 1 FROM dl_workers w
+                      WHERE w.worker_id = j.worker_id
+                        AND w.seen_at < now() - make_interval(secs => 3 * w.period_sec)))
 ), mine AS (
     -- the same test again under the row lock (a row changed since the snapshot is tested, and
     -- read, as it is now); a row this skips was locked by someone else, or stopped matching
@@ -816,7 +821,10 @@ WITH u AS (
     FROM dl_jobs j JOIN t ON j.job_id = t.job_id
     WHERE j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
-      AND (NOT t.expect_expired OR j.lease_expires_at < now())
+      AND (NOT t.expect_expired OR j.lease_expires_at < now()
+           OR EXISTS (SELECT 1 FROM dl_workers w
+                      WHERE w.worker_id = j.worker_id
+                        AND w.seen_at < now() - make_interval(secs => 3 * w.period_sec)))
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), upd AS (
     -- the rows `mine` locked: nobody can have changed them since
@@ -970,19 +978,43 @@ FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 
 # --- reaper --------------------------------------------------------------------------------
 
-#: Jobs whose lease expired (spec §6.5), at most `limit`, oldest lease first, with the facts the
-#: reaper decides on (it then applies its transitions fenced on a lease still expired). Rows
-#: someone else holds (a task fencing its writes with FOR SHARE, another reaper) are skipped:
-#: however many of them head the list, the jobs behind them are reached.
+#: Running jobs whose lease expired (spec §6.5) or whose owner is gone, at most `limit`, oldest
+#: lease first, with the facts the reaper decides on (it then applies its transitions fenced on
+#: the same test, still true). An owner is gone once its presence row (`dl_workers`) was not
+#: refreshed within three of its periods, by the database's clock (LIVE_WORKERS's liveness):
+#: every process stops its own jobs before that (`workers.fencing`), so its jobs are taken back
+#: then, not a lease later. An owner without a row (deregistered at a clean stop while its last
+#: jobs wind down) is never gone: its jobs wait for their leases. Rows someone else holds (a
+#: task fencing its writes with FOR SHARE, another reaper) are skipped: however many of them
+#: head the list, the jobs behind them are reached. Running jobs are few (the processes'
+#: slots): the owner test reads each of them once.
 EXPIRED_JOBS: Final = Statement("""
-SELECT job_id, queue, task, claim_token, status::text AS status, attempt, max_attempts,
-       handbacks, cancel_requested, rerun_requested
-FROM dl_jobs
-WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < now()
-ORDER BY lease_expires_at
+SELECT j.job_id, j.queue, j.task, j.claim_token, j.status::text AS status, j.attempt,
+       j.max_attempts, j.handbacks, j.cancel_requested, j.rerun_requested
+FROM dl_jobs j
+WHERE j.status = 'running' AND j.lease_expires_at IS NOT NULL
+  AND (j.lease_expires_at < now()
+       OR EXISTS (SELECT 1 FROM dl_workers w
+                  WHERE w.worker_id = j.worker_id
+                    AND w.seen_at < now() - make_interval(secs => 3 * w.period_sec)))
+ORDER BY j.lease_expires_at
 LIMIT :limit
-FOR NO KEY UPDATE SKIP LOCKED
+FOR NO KEY UPDATE OF j SKIP LOCKED
 """)
+
+#: Seconds until a running job next becomes the reaper's (EXPIRED_JOBS): its lease runs out, or
+#: its owner turns gone unless it refreshes its presence meanwhile; NULL if no job will. Only
+#: moments still to come count (a job already due but skipped is found at the next sweep).
+NEXT_REAPABLE_IN: Final = """
+SELECT EXTRACT(EPOCH FROM LEAST(
+           (SELECT min(lease_expires_at) FROM dl_jobs
+            WHERE status = 'running' AND lease_expires_at > now()),
+           (SELECT min(w.seen_at + make_interval(secs => 3 * w.period_sec)) FROM dl_workers w
+            WHERE w.seen_at + make_interval(secs => 3 * w.period_sec) > now()
+              AND EXISTS (SELECT 1 FROM dl_jobs j
+                          WHERE j.status = 'running' AND j.worker_id = w.worker_id))
+       ) - now())::float8 AS due_in
+"""
 
 # --- advisory locks (on the lock-holding connection) --------------------------------------------
 

@@ -30,7 +30,7 @@ NO_SEED: Final = uuid.UUID(int=0)
 class Fence:
     """What the row must still be for a transition to be written: the facts it was decided
     on, the claim that decided it (None: a job nobody runs), and, for the reaper, a lease
-    still expired."""
+    still expired or an owner still gone (its presence lapsed: `queries.EXPIRED_JOBS`)."""
 
     job_id: uuid.UUID
     facts: JobFacts

@@ -39,7 +39,6 @@ from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
 from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
-from dataloader.workers.heartbeat import beat_period_for
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.pipelines.registry import Task
@@ -125,8 +124,8 @@ class Slots:
                 if size > 1:
                     filling[job.task] = unit
             unit.append(running)
-        if any(beat_period_for(job.lease_ttl_sec) < self._rt.beat_period for job in jobs):
-            self._rt.job_started.set()  # a lease that needs sooner beats
+        if self._rt.wakes_heartbeat(jobs):
+            self._rt.job_started.set()
         for job in busy:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
         return units
@@ -336,7 +335,7 @@ class QueueWorker(Slots):
         if locked:
             self._rt.running[job.job_id] = RunningJob(job)
             _count_start(job)
-            if beat_period_for(job.lease_ttl_sec) < self._rt.beat_period:
+            if self._rt.wakes_heartbeat([job]):
                 self._rt.job_started.set()
             await self._execute_units([[self._rt.running[job.job_id]]], claimed_at)
         else:
@@ -365,6 +364,9 @@ class QueueWorker(Slots):
                 continue
             if not self._rt.locks.ready.is_set():
                 await wait_any(self._rt.locks.ready, stopping)
+                continue
+            if self._rt.presence.lapsed():
+                await self._rt.presence.wait_renewed(stopping)
                 continue
             self._wakeup.clear()
             try:

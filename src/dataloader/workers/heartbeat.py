@@ -2,7 +2,9 @@
 runs or still has an outcome to write for, learns of cancel requests, and finds jobs that are
 no longer ours (to stop them). It runs on the workers' own connections, which pipelines cannot
 take, and never waits for a row someone else has locked. It also probes (and audits) the
-lock-holding connection, whose loss means every lock is gone."""
+lock-holding connection, whose loss means every lock is gone. It stops a job (self-fencing,
+`workers.fencing`) when its lease could not be extended in time, or when the process's presence
+could not be refreshed in time: by then the reaper may take the job."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import time
 
 from dataloader.storage.db import CONNECTION_ERRORS
+from dataloader.workers.fencing import INF, beat_period_for, fence_window
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 from dataloader.workers.waiting import wait_any
@@ -19,15 +22,6 @@ log = logging.getLogger(__name__)
 
 #: A `heartbeat` journal row per job at most this often (the lease is extended every beat).
 JOURNAL_EVERY_SEC = 60.0
-#: A job whose lease was last extended this fraction of its TTL ago is stopped (self-fencing)...
-LEASE_MARGIN = 0.9
-#: ...or this long before its lease runs out, if that is sooner: the time its hand-back needs
-#: to be written before the reaper may take the job (and count the attempt).
-MIN_SLACK_SEC = 0.5
-#: Beats that may try to extend a lease before its job is stopped, so that one or two may
-#: meet the row briefly locked. The window holds one beat more, its last on the deadline.
-TRIES_PER_WINDOW = 3
-INF = float("inf")
 
 
 class Heartbeat:
@@ -47,12 +41,31 @@ class Heartbeat:
     async def run(self, stopping: asyncio.Event) -> None:
         """Beat until `stopping` is set. A job with a short lease starting makes the next beat
         come sooner (the deadline is recomputed from the last beat, never pushed back). Jobs are
-        stopped at their own fence deadline, which may fall between beats or during one."""
+        stopped at their own fence deadline, which may fall between beats or during one.
+        Should the loop itself fail, every running job is stopped: nothing would stop them
+        at their deadlines until it is restarted."""
+        try:
+            await self._beat_until(stopping)
+        except Exception:
+            self._rt.lose_all("the heartbeat failed")
+            raise
+
+    async def _beat_until(self, stopping: asyncio.Event) -> None:
         last_beat = time.monotonic()
         while not stopping.is_set():
             self.fence_stale()
             now = time.monotonic()
-            wait = min(last_beat + self.period(), self.next_fence_at()) - now
+            # the presence's deadline too, jobs or not: a job starting during this sleep
+            # must be stopped on time (one starting after the deadline wakes us)
+            presence_due = self._rt.presence.valid_until
+            wait = (
+                min(
+                    last_beat + self.period(),
+                    self.next_fence_at(),
+                    presence_due if presence_due > now else INF,
+                )
+                - now
+            )
             if wait > 0:
                 self._rt.job_started.clear()
                 self._rt.beat_period = self.period()
@@ -93,18 +106,26 @@ class Heartbeat:
         ]
 
     def next_fence_at(self) -> float:
-        """When the first running job is to be stopped unless its lease is extended before."""
-        return min((_fence_at(r) for r in self._fenced()), default=INF)
+        """When the first running job is to be stopped unless its lease is extended, or the
+        process's presence refreshed, before."""
+        presence_due = self._rt.presence.valid_until
+        return min((min(_fence_at(r), presence_due) for r in self._fenced()), default=INF)
 
     def fence_stale(self) -> None:
-        """Stop jobs whose lease we could not extend in time: by the time it expires, another
-        worker may take the job, and two runs must never overlap. (A local clock, used only
-        to stop early; the lease itself is the database's, and was set after our clock read.)"""
+        """Stop jobs whose lease we could not extend in time, or all of them when the process's
+        presence could not be refreshed in time: by the time the lease expires, or the others
+        find the process gone, another worker may take the job, and two runs must never
+        overlap. (A local clock, used only to stop early; the lease and the presence are the
+        database's, and were set after our clock read.)"""
         now = time.monotonic()
+        presence_lapsed = self._rt.presence.lapsed(now)
         for r in self._fenced():
             if now >= _fence_at(r):
                 log.error("job %s: lease not extended in time; stopping it", r.job.job_id)
                 r.lose("the lease could not be extended before it expired")
+            elif presence_lapsed:
+                log.error("job %s: presence not refreshed in time; stopping it", r.job.job_id)
+                r.lose("the process's presence could not be refreshed before it lapsed")
 
     async def beat_once(self) -> None:
         """One heartbeat for every running job, and a probe of the lock connection."""
@@ -163,18 +184,6 @@ class Heartbeat:
                 )
             if beat.cancel_requested:
                 r.request_cancel()
-
-
-def fence_window(lease_ttl_sec: float) -> float:
-    """How long after its last extension a job is stopped unless its lease is extended again."""
-    return min(lease_ttl_sec * LEASE_MARGIN, lease_ttl_sec - MIN_SLACK_SEC)
-
-
-def beat_period_for(lease_ttl_sec: float) -> float:
-    """The longest beat period that still gives a job three tries before its fence deadline,
-    each with a period's time for its round trip: a beat may find the row locked by the job's
-    own progress write, and one missed beat must not stop the job."""
-    return fence_window(lease_ttl_sec) / (TRIES_PER_WINDOW + 1)
 
 
 def _fence_at(running: RunningJob) -> float:

@@ -8,8 +8,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 from dataloader import metrics
 from dataloader.logger.summary import job_summary
@@ -31,6 +31,7 @@ from dataloader.workers.presence import Presence
 from dataloader.workers.processors import SharedSlots
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
+from dataloader.workers.supervisor import Loop, Supervisor
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -92,11 +93,14 @@ class WorkerManager:
             {queue: w.concurrency for queue, w in self.queues.items()},
             registry,
             settings.presence_period_sec,
+            self.runtime.presence,
             self.runtime.ended,
         )
         self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
+        #: Restarts whichever of this process's loops raises, and records it for /status.
+        self.supervisor = Supervisor(MaintenanceStore(self.runtime.protocol.db), self.worker_id)
         self.maintenance = _maintenance(
-            settings, app, registry, self.runtime.protocol, self.reaper, self.runtime.worker_id
+            settings, app, registry, self.runtime.protocol, self.reaper, self.supervisor
         )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -125,15 +129,15 @@ class WorkerManager:
             await locks.close()
             await self._pool.close()
             raise
-        self._spawn("locks", locks.maintain(self._stop_all))
-        self._spawn("listener", self.listener.run(self._stop_all))
-        self._spawn("heartbeat", self.heartbeat.run(self._stop_all))
-        self._spawn("summary", self.runtime.summary.run(self._stop_all))
+        self._spawn("locks", locks.maintain, self._stop_all)
+        self._spawn("listener", self.listener.run, self._stop_all)
+        self._spawn("heartbeat", self.heartbeat.run, self._stop_all)
+        self._spawn("summary", self.runtime.summary.run, self._stop_all)
         self._claiming_tasks = [
-            self._spawn("maintenance", self.maintenance.run(self._stop_claiming)),
-            self._spawn("presence", self.presence.run(self._stop_claiming)),
+            self._spawn("maintenance", self.maintenance.run, self._stop_claiming),
+            self._spawn("presence", self.presence.run, self._stop_claiming),
             *(
-                self._spawn(f"queue:{','.join(_served(worker))}", worker.run(self._stop_claiming))
+                self._spawn(f"queue:{','.join(_served(worker))}", worker.run, self._stop_claiming)
                 for worker in self.workers
             ),
         ]
@@ -252,18 +256,13 @@ class WorkerManager:
     def _locks_lost(self, reason: str) -> None:
         self.runtime.lose_all(reason)
 
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=f"dataloader-{name}")
-        task.add_done_callback(self._supervise)
+    def _spawn(self, name: str, loop: Loop, stopping: asyncio.Event) -> asyncio.Task[None]:
+        """Run `loop` until `stopping`, supervised: restarted whenever it raises."""
+        task = asyncio.create_task(
+            self.supervisor.run(name, loop, stopping), name=f"dataloader-supervise-{name}"
+        )
         self._tasks.append(task)
         return task
-
-    def _supervise(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._stop_all.is_set():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.critical("background task %s died", task.get_name(), exc_info=exc)
 
 
 def _maintenance(
@@ -272,20 +271,28 @@ def _maintenance(
     registry: PipelineRegistry,
     protocol: WorkerProtocol,
     reaper: Reaper,
-    holder: str,
+    supervisor: Supervisor,
 ) -> Maintenance:
     """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
     store = MaintenanceStore(protocol.db)
     pruner = Pruner(store, Retention.of(settings), settings.prune_batch_size)
     cron = CronScheduler(store, app.client, configured_schedules(settings.cron, registry))
     return Maintenance(
-        Leadership(store, holder, settings.leader_lease_sec),
+        Leadership(store, supervisor.holder, settings.leader_lease_sec),
         store,
         [
-            Periodic("reaper", reaper.sweep, settings.reaper_period_sec),
+            Periodic(
+                "reaper",
+                reaper.sweep,
+                settings.reaper_period_sec,
+                partial(
+                    reaper.next_in_sec, settings.reaper_period_sec, settings.presence_period_sec
+                ),
+            ),
             Periodic("pruner", pruner.prune, settings.prune_period_sec),
             Periodic("cron", cron.tick, MAX_SLEEP_SEC, cron.next_in_sec),
         ],
+        supervisor,
     )
 
 

@@ -4,8 +4,11 @@ refresh also adds the attempts the process ended since the last one to its queue
 (`dl_queue_throughput`).
 
 Other processes read it to refuse triggers of tasks nobody runs (the API) and to warn of queues
-nobody serves (/status). It runs on the workers' own pool, so that pipelines holding every
-connection of theirs cannot make the process look dead.
+nobody serves (/status), and the reaper takes back the running jobs of a process not refreshed
+within three periods. So each refresh that gets through renews this process's right to run its
+jobs (`workers.fencing.PresenceFence`, enforced by the heartbeat), counted from its send. It
+runs on the workers' own pool, so that pipelines holding every connection of theirs cannot make
+the process look dead.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections import Counter
 from importlib.metadata import version
 from typing import Any
 
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.workers.fencing import PresenceFence
 from dataloader.workers.pipelines.contracts import registry_specs
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.waiting import jittered, wait_any
@@ -37,9 +42,13 @@ class Presence:
         queues: dict[str, int],
         registry: PipelineRegistry,
         period_sec: float,
+        fence: PresenceFence,
         ended: Counter[tuple[str, str]] | None = None,
     ) -> None:
         self._store = store
+        self._fence = fence
+        #: A refresh is out: its row may still be written.
+        self._refreshing = False
         self._ended = ended if ended is not None else Counter()
         self._worker_id = worker_id
         self._queues = queues
@@ -72,15 +81,29 @@ class Presence:
 
     async def register(self) -> None:
         """Record the process (at start: errors propagate, like the pool's own)."""
-        await self._store.upsert(self.info())
+        await self._refresh()
+
+    async def _refresh(self) -> None:
+        """Write the row; once written, the fence runs from the moment it was sent."""
+        sent = time.monotonic()
+        self._refreshing = True
+        try:
+            await self._store.upsert(self.info())
+        finally:
+            self._refreshing = False
+        self._fence.refreshed(sent)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Refresh every period (jittered) until `stopping` is set. A failed refresh is
-        retried at the next period; three in a row make the process look dead to the others,
+        """Refresh every period (jittered, counted from one send to the next) until `stopping`
+        is set. A refresh that fails, or takes longer than a period, is given up for the next:
+        the process's jobs are stopped after two more periods and a half without one that got
+        through (`workers.fencing.presence_window`), and the others find it gone at three,
         which is what it is to them while the database cannot be reached."""
-        while not await wait_any(stopping, timeout=jittered(self._period, 0.1)):
+        next_at = time.monotonic() + jittered(self._period, 0.1)
+        while not await wait_any(stopping, timeout=max(0.0, next_at - time.monotonic())):
+            next_at = time.monotonic() + jittered(self._period, 0.1)
             try:
-                await self._store.upsert(self.info())
+                await asyncio.wait_for(self._refresh(), timeout=self._period)
                 await self.flush_throughput()
             except Exception as exc:  # keep refreshing: the next one may get through
                 log.warning(
@@ -101,8 +124,13 @@ class Presence:
             raise
 
     async def deregister(self) -> None:
-        """Delete the row (a clean stop); if that fails, the row goes stale on its own."""
+        """Delete the row (a clean stop); if that fails, the row goes stale on its own. Without
+        a row, nobody can find the process gone: its last jobs wind down under their leases
+        alone (unless a refresh is still out, which may write the row again)."""
         try:
             await self._store.delete(self._worker_id)
         except Exception as exc:
             log.warning("could not deregister %s: %r", self._worker_id, exc)
+            return
+        if not self._refreshing:
+            self._fence.deregistered()

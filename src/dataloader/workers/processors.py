@@ -85,6 +85,9 @@ class SharedSlots(Slots):
             if not self._rt.locks.ready.is_set():
                 await wait_any(self._rt.locks.ready, stopping)
                 continue
+            if self._rt.presence.lapsed():
+                await self._rt.presence.wait_renewed(stopping)
+                continue
             if empty_in_a_row == 0:
                 round_started = time.monotonic()
                 held = False

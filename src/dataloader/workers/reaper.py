@@ -1,12 +1,20 @@
-"""Reaper (spec §6.5): jobs whose lease expired go back to `queued`, or become `lost` when the
-lease expired on their last attempt, or `canceled` when a cancel was requested (decided by
-`core.transitions.on_expired`). A job sent back keeps its checkpoint: the next attempt resumes
-from it. The reaper also puts back jobs parked behind a lock_key that nobody holds.
+"""Reaper (spec §6.5): jobs whose lease expired, or whose owner is gone (its presence lapsed: a
+process killed, or cut off from the database, which stopped its jobs itself first), go back to
+`queued`, or become `lost` when that happened on their last attempt, or `canceled` when a cancel
+was requested (decided by `core.transitions.on_expired`). A job sent back keeps its checkpoint:
+the next attempt resumes from it. The reaper also puts back jobs parked behind a lock_key that
+nobody holds.
 
 A pass reads the expired jobs with their facts, decides each, and writes the transitions in one
-statement, each fenced on the claim it read and on a lease still expired: a heartbeat that got
-through meanwhile keeps its job, and of two replicas' reapers only one writes a job's fate. A
-job whose flags changed in between (a cancel requested) is read and decided again."""
+statement, each fenced on the claim it read and on a lease still expired or an owner still gone:
+a heartbeat or a presence refresh that got through meanwhile keeps its job, and of two replicas'
+reapers only one writes a job's fate. A job whose flags changed in between (a cancel requested)
+is read and decided again.
+
+The next pass comes every DL_REAPER_PERIOD_SEC (at least every three presence periods), or
+sooner, when a running job's lease runs out or its owner turns gone unless it refreshes its
+presence first: a dead process's jobs are taken back as soon as the database may consider it
+dead."""
 
 from __future__ import annotations
 
@@ -17,11 +25,16 @@ from collections import Counter
 from dataloader import metrics
 from dataloader.core.transitions import on_expired
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.workers.fencing import GONE_AFTER_PERIODS
+from dataloader.workers.waiting import jittered
 
 log = logging.getLogger(__name__)
 
 #: Jobs per statement; a pass repeats until fewer come back.
 BATCH = 500
+#: A pass due when a job becomes reapable comes this long after, so that the database's clock
+#: has passed that moment too.
+DUE_MARGIN_SEC = 0.1
 
 
 class Reaper:
@@ -37,13 +50,21 @@ class Reaper:
         self._id = reaper_id
         #: Where the attempts it ended are counted (the queues' throughput).
         self._ended = ended if ended is not None else Counter()
+        #: Seconds from the last pass to the moment a job next becomes reapable (None: none).
+        self.due_in: float | None = None
 
     async def sweep(self, stopping: asyncio.Event | None = None) -> dict[str, int]:
         """One pass (run by the process that leads maintenance, every DL_REAPER_PERIOD_SEC):
         expired leases, then stranded parked jobs; {new status or `put_back`: jobs}."""
         swept = await self.run_once()
         swept["put_back"] = await self.put_back_stranded()
+        self.due_in = await self._protocol.next_reapable_in()
         return swept
+
+    def next_in_sec(self, period_sec: float, presence_period_sec: float) -> float:
+        """When the next pass is due: `period_sec` (jittered) after the last, or as soon as a
+        job becomes reapable, if that is sooner (see `next_pass_in`)."""
+        return next_pass_in(jittered(period_sec), self.due_in, presence_period_sec)
 
     async def put_back_stranded(self) -> int:
         """Put back jobs parked behind a lock_key no job holds any more (only a change made by
@@ -73,3 +94,12 @@ class Reaper:
             changed = any(a.state == "changed" for a in applied.values())
             if not changed and (len(expired) < BATCH or not written):
                 return totals
+
+
+def next_pass_in(period_sec: float, due_in: float | None, presence_period_sec: float) -> float:
+    """The wait before the next pass: the period, or just after the next job known at the last
+    pass becomes reapable (`due_in` seconds from it), whichever comes first, and never more
+    than the time a process takes to turn gone: a job claimed after the last pass, by a process
+    killed at once, is gone no sooner than that, so the pass after it finds out in time."""
+    wait = min(period_sec, GONE_AFTER_PERIODS * presence_period_sec)
+    return wait if due_in is None else min(wait, max(0.0, due_in) + DUE_MARGIN_SEC)

@@ -9,13 +9,14 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dataloader.core.models import NewJob
 from dataloader.logger.summary import Summary
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.workers.fencing import PresenceFence, beat_period_for
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
 from dataloader.workers.pipelines.registry import PipelineRegistry
@@ -109,6 +110,19 @@ class WorkerRuntime:
     #: The period of the heartbeat's current sleep (a job whose lease needs a shorter one
     #: wakes it; the others, most jobs, need not: a wake-up per job costs the worker's loop).
     beat_period: float = float("inf")
+    #: Until when the process's presence vouches for its jobs (kept by `workers.presence`,
+    #: enforced by the heartbeat).
+    presence: PresenceFence = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.presence = PresenceFence(self.settings.presence_period_sec)
+
+    def wakes_heartbeat(self, jobs: Iterable[ClaimedJob]) -> bool:
+        """Whether starting `jobs` must wake the heartbeat: a lease that needs sooner beats
+        than its current sleep, or a presence that lapsed already (they are stopped at once)."""
+        return self.presence.lapsed() or any(
+            beat_period_for(job.lease_ttl_sec) < self.beat_period for job in jobs
+        )
 
     def lose_all(self, reason: str) -> None:
         """Every lock is gone (lock connection lost): stop every running pipeline."""
