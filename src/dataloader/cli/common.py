@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from enum import IntEnum
@@ -108,9 +109,11 @@ def run(operation: Coroutine[Any, Any, int]) -> NoReturn:
     with one line on stderr, never a traceback: an invalid setting (2), an unreachable or
     silent database (3), a refused request (1)."""
     try:
-        code = asyncio.run(operation)
+        code = asyncio.run(_unless_terminated(operation))
     except KeyboardInterrupt:
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+    except _Terminated:
+        raise typer.Exit(ExitCode.TERMINATED) from None
     except ConfigError as exc:
         fail(f"invalid configuration: {exc}", ExitCode.USAGE)
     except DatabaseUnavailable as exc:
@@ -120,6 +123,37 @@ def run(operation: Coroutine[Any, Any, int]) -> NoReturn:
     except (DataloaderError, ValueError) as exc:  # the library's refusals of a request
         fail(str(exc), ExitCode.REQUEST)
     raise typer.Exit(code)
+
+
+class _Terminated(Exception):
+    """The command was stopped by SIGTERM while it ran its operation."""
+
+
+async def _unless_terminated(operation: Coroutine[Any, Any, int]) -> int:
+    """Await `operation`, cancelled by SIGTERM: the loop takes the signal between callbacks,
+    so the stack unwinds as after an error (connections closed, the embedded server let go).
+    An exception raised by a signal handler while the loop is inside the database driver's
+    compiled code could crash the process instead."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    terminated = asyncio.Event()
+
+    def on_sigterm() -> None:
+        terminated.set()
+        main.cancel()
+
+    outside = signal.getsignal(signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await operation
+    except asyncio.CancelledError:
+        if terminated.is_set():
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, outside)
 
 
 def _line(exc: BaseException) -> str:

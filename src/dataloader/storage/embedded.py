@@ -55,14 +55,26 @@ class _LiveHandles:
         self._handles = handles
 
     def get_and_add(self, pid: int) -> list[int]:
-        before = _living(self._handles.get_and_add(pid))
-        self._handles.put([*before, pid] if pid not in before else before)
-        return before
+        before = self._handles.get_and_add(pid)  # the file now holds `before` and `pid`
+        living = _living(before)
+        self._prune(
+            [*before, pid] if pid not in before else before,
+            [*living, pid] if pid not in living else living,
+        )
+        return living
 
     def get_and_remove(self, pid: int) -> list[int]:
-        before = _living(self._handles.get_and_remove(pid))
-        self._handles.put([other for other in before if other != pid])
-        return before
+        before = self._handles.get_and_remove(pid)  # the file now holds `before` but `pid`
+        living = _living(before)
+        self._prune([p for p in before if p != pid], [p for p in living if p != pid])
+        return living
+
+    def _prune(self, held: list[int], living: list[int]) -> None:
+        """Write `living` over `held` (what the file holds) if they differ: only a file that
+        named a dead process is written again (the server's data dir may be gone by then, e.g.
+        deleted after its stop, and then nothing is to be written)."""
+        if living != held:
+            self._handles.put(living)
 
 
 def _living(pids: list[int]) -> list[int]:
