@@ -23,6 +23,7 @@ from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
+from dataloader.workers.destinations import check_at_start
 from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
@@ -33,7 +34,7 @@ from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
 
 if TYPE_CHECKING:
-    from dataloader.config import Settings
+    from dataloader.config import CronSpec, Settings
     from dataloader.context import AppContext
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,9 @@ class WorkerManager:
             self.runtime.ended,
         )
         self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
+        self._schedules = configured_schedules(settings.cron, registry)
         self.maintenance = _maintenance(
-            settings, app, registry, self.runtime.protocol, self.reaper, self.runtime.worker_id
+            settings, app, self._schedules, self.runtime.protocol, self.reaper, self.worker_id
         )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -120,6 +122,13 @@ class WorkerManager:
             await self._pool.close()
             raise
         try:
+            await check_at_start(
+                self._schedules,
+                self.runtime.registry,
+                self.presence.store,
+                self.queues,
+                allow_unknown=self.runtime.settings.allow_unknown_tasks,
+            )
             await self.presence.register()
         except BaseException:
             await locks.close()
@@ -268,7 +277,7 @@ class WorkerManager:
 def _maintenance(
     settings: Settings,
     app: AppContext,
-    registry: PipelineRegistry,
+    schedules: list[CronSpec],
     protocol: WorkerProtocol,
     reaper: Reaper,
     holder: str,
@@ -276,7 +285,7 @@ def _maintenance(
     """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
     store = MaintenanceStore(protocol.db)
     pruner = Pruner(store, Retention.of(settings), settings.prune_batch_size)
-    cron = CronScheduler(store, app.client, configured_schedules(settings.cron, registry))
+    cron = CronScheduler(store, app.client, schedules)
     return Maintenance(
         Leadership(store, holder, settings.leader_lease_sec),
         store,

@@ -39,7 +39,7 @@ class Presence:
         period_sec: float,
         ended: Counter[tuple[str, str]] | None = None,
     ) -> None:
-        self._store = store
+        self.store = store
         self._ended = ended if ended is not None else Counter()
         self._worker_id = worker_id
         self._queues = queues
@@ -72,7 +72,7 @@ class Presence:
 
     async def register(self) -> None:
         """Record the process (at start: errors propagate, like the pool's own)."""
-        await self._store.upsert(self.info())
+        await self.store.upsert(self.info())
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Refresh every period (jittered) until `stopping` is set. A failed refresh is
@@ -80,7 +80,7 @@ class Presence:
         which is what it is to them while the database cannot be reached."""
         while not await wait_any(stopping, timeout=jittered(self._period, 0.1)):
             try:
-                await self._store.upsert(self.info())
+                await self.store.upsert(self.info())
                 await self.flush_throughput()
             except Exception as exc:  # keep refreshing: the next one may get through
                 log.warning(
@@ -95,7 +95,7 @@ class Presence:
         ended = Counter(self._ended)
         self._ended.clear()
         try:
-            await self._store.add_throughput(ended)
+            await self.store.add_throughput(ended)
         except BaseException:
             self._ended.update(ended)
             raise
@@ -103,6 +103,6 @@ class Presence:
     async def deregister(self) -> None:
         """Delete the row (a clean stop); if that fails, the row goes stale on its own."""
         try:
-            await self._store.delete(self._worker_id)
+            await self.store.delete(self._worker_id)
         except Exception as exc:
             log.warning("could not deregister %s: %r", self._worker_id, exc)
