@@ -247,8 +247,8 @@ class Client:
         )
         new.check_queue(filled)
         if known is not None:
-            known.check_args(new.args)
             _check_own_queue(known, new.queue)
+            known.check_args(new.args)
         return new
 
     async def enqueue(
@@ -323,8 +323,8 @@ class Client:
             if job.queue is None:
                 job.check_queue(options[name])
             if task is not None:
-                task.check_args(job.args)
                 _check_own_queue(task, job.queue)
+                task.check_args(job.args)
         return options
 
     def _options_of(self, name: str, task: Task | None) -> JobOptions:

@@ -81,9 +81,9 @@ class UnknownTask(DataloaderError):
 
     def __init__(self, task: str, known_tasks: Iterable[str], queue: str) -> None:
         super().__init__(
-            f"task {task!r} is not known to any live process, and live processes serve queue"
-            f" {queue!r}: they would fail its jobs ({_describe_known(known_tasks)}); set"
-            " DL_ALLOW_UNKNOWN_TASKS=true to accept it anyway (e.g. during a rolling deploy)"
+            f"task {task!r} is unknown ({_describe_known(known_tasks)}), and live processes"
+            f" serve queue {queue!r}: they would fail its jobs; set DL_ALLOW_UNKNOWN_TASKS=true"
+            " to accept it anyway (e.g. during a rolling deploy)"
         )
         self.task = task
         self.queue = queue
