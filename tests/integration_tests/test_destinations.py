@@ -50,7 +50,7 @@ async def test_a_schedule_on_another_queue_than_its_tasks_is_refused_at_start(
 ) -> None:
     settings = make_settings(cron=schedule("etl.load", "default"))
     with pytest.raises(
-        ConfigError, match="schedule 'nightly': .*runs on queue 'etl', not 'default'"
+        ConfigError, match=r"schedule 'nightly': .*runs on queue 'etl', not 'default'"
     ):
         await Runner(settings, tasks).start()
 
@@ -61,7 +61,7 @@ async def test_a_schedule_of_a_task_nobody_knows_on_a_queue_served_is_refused_at
     """This process serves `default` and no live process knows `etl.typo`: every slot's job
     would be claimed and fail."""
     settings = make_settings(cron=schedule("etl.typo", "default"))
-    with pytest.raises(ConfigError, match="schedule 'nightly': task 'etl.typo' is unknown"):
+    with pytest.raises(ConfigError, match=r"schedule 'nightly': task 'etl\.typo' is unknown"):
         await Runner(settings, tasks).start()
     assert await conn.fetchval("SELECT count(*) FROM dl_workers") == 0
     async with Runner(make_settings(cron=settings.cron, allow_unknown_tasks=True), tasks):
@@ -104,7 +104,7 @@ async def test_a_stage_of_a_task_nobody_knows_is_refused_at_start(
     nobody could run them: found at start, not at the first success."""
     tasks.task("etl.extract", queue="default", then="etl.transfrom")(handler)
     with pytest.raises(
-        ConfigError, match="a stage \\(then=\\) of task 'etl.extract': task 'etl.transfrom'"
+        ConfigError, match=r"a stage \(then=\) of task 'etl\.extract': task 'etl\.transfrom'"
     ):
         await Runner(make_settings(), tasks).start()
 

@@ -13,7 +13,6 @@ from typing import Any
 import asyncpg
 
 from dataloader.config import Settings
-from dataloader.core import limits
 from dataloader.runner import Runner
 from dataloader.storage import db, queries
 from dataloader.storage.connections import GuardedPool

@@ -60,12 +60,12 @@ def test_check_destinations_refuses_the_first_mistake_and_returns_the_awaited() 
     )
     assert found == [awaited, unknown_queue]
     with pytest.raises(
-        ConfigError, match="^schedule 'b': queue: task 'etl.load' runs on queue 'etl', not 'x'$"
+        ConfigError, match=r"^schedule 'b': queue: task 'etl\.load' runs on queue 'etl', not 'x'$"
     ):
         check_destinations(
             [Destination("schedule 'b'", "etl.load", "x")], KNOWN, allow_unknown=True
         )
-    with pytest.raises(ConfigError, match="^schedule 'c': task 'typo' is unknown"):
+    with pytest.raises(ConfigError, match=r"^schedule 'c': task 'typo' is unknown"):
         check_destinations([Destination("schedule 'c'", "typo", "etl")], KNOWN, allow_unknown=False)
     unrunnable = Destination("schedule 'c'", "typo", "etl")
     assert check_destinations([unrunnable], KNOWN, allow_unknown=True) == [unrunnable]
