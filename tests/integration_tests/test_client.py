@@ -418,14 +418,18 @@ async def test_an_idempotency_key_returns_the_same_job_and_refuses_another(
     for changed, fields in [
         ({"args": {"day": "e"}}, ("args",)),
         ({"lock_key": "other"}, ("lock_key",)),
-        ({"queue": "elsewhere"}, ("queue",)),
         ({"priority": 1, "max_attempts": 2}, ("priority", "max_attempts")),
     ]:
         call: dict[str, Any] = {"args": {"day": "d"}, "lock_key": "k"} | changed
         with pytest.raises(IdempotencyConflict) as info:
             await client.enqueue("t.day", idempotency_key="day-d", **call)
         assert (info.value.job_id, info.value.fields) == (first.job_id, fields)
-    assert await count_jobs(conn) == (1, 1)
+    # a task without a queue of its own (here: none this client defines) may take another
+    free = await client.enqueue("t.free", {}, queue="a", lock_key="k", idempotency_key="free")
+    with pytest.raises(IdempotencyConflict) as info:
+        await client.enqueue("t.free", {}, queue="b", lock_key="k", idempotency_key="free")
+    assert (info.value.job_id, info.value.fields) == (free.job_id, ("queue",))
+    assert await count_jobs(conn) == (2, 2)
     assert (await job_row(conn, first.job_id))["args_text"] == '{"day": "d"}'
 
 
