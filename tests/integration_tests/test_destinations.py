@@ -6,9 +6,11 @@ bring the task."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,6 +23,7 @@ from dataloader.workers.pipelines.registry import TaskRegistry
 
 from .conftest import StartService, wait_until
 from .helpers import add_worker
+from .procs import DATALOADER_SCRIPT, free_port, one_line, run_cli
 
 WARNED = "no live process knows the tasks these send jobs of"
 
@@ -70,6 +73,21 @@ async def test_a_schedule_of_a_task_nobody_knows_on_a_queue_served_is_refused_at
     await add_worker(conn, "other", {"default": 1}, ["etl.typo"])  # it is somebody's task
     async with Runner(settings, tasks):
         pass
+
+
+@pytest.mark.parametrize("command", [["serve"], ["worker"]])
+async def test_the_commands_refuse_a_certain_mistake_in_one_line(
+    db_dsn: str, tmp_path: Path, command: list[str]
+) -> None:
+    env = {
+        "DL_DB_DSN": db_dsn,
+        "DL_HTTP_PORT": str(free_port()),
+        "DL_CRON": schedule("demo.nop", "default"),  # served by the command's own workers
+    }
+    result = await asyncio.to_thread(run_cli, [str(DATALOADER_SCRIPT), *command], env, tmp_path)
+    assert result.returncode == 2, result.stdout
+    line = one_line(result.stdout)
+    assert "invalid configuration: schedule 'nightly': task 'demo.nop' is unknown" in line
 
 
 async def test_a_schedule_of_a_task_another_process_may_bring_is_warned_of(

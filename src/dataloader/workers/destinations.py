@@ -36,15 +36,17 @@ async def check_at_start(
     own_queues: Iterable[str],
     *,
     allow_unknown: bool,
-) -> None:
+) -> list[Destination]:
     """ConfigError for a schedule or stage certainly wrong, judged from this process's tasks
-    and queues (it will serve them) and the live processes'; one warning naming the others
-    whose task nobody knows yet."""
+    and queues (it will serve them) and the live processes'; the others whose task nobody
+    knows yet (`warn_awaited`)."""
     live = await presence.known_tasks()
     known = registry.known(KnownTasks(live.definitions, live.served | frozenset(own_queues)))
-    awaited = check_destinations(
-        destinations(schedules, registry), known, allow_unknown=allow_unknown
-    )
+    return check_destinations(destinations(schedules, registry), known, allow_unknown=allow_unknown)
+
+
+def warn_awaited(awaited: Sequence[Destination]) -> None:
+    """One warning line naming the schedules and stages whose task nobody knows yet."""
     if awaited:
         log.warning(
             "no live process knows the tasks these send jobs of (they wait for one that does): %s",

@@ -23,7 +23,7 @@ from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
-from dataloader.workers.destinations import check_at_start
+from dataloader.workers.destinations import check_at_start, warn_awaited
 from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
@@ -122,13 +122,14 @@ class WorkerManager:
             await self._pool.close()
             raise
         try:
-            await check_at_start(
+            awaited = await check_at_start(
                 self._schedules,
                 self.runtime.registry,
                 self.presence.store,
                 self.queues,
                 allow_unknown=self.runtime.settings.allow_unknown_tasks,
             )
+            warn_awaited(awaited)
             await self.presence.register()
         except BaseException:
             await locks.close()
