@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 import uvicorn
 
-from dataloader.cli.common import APPLICATION_NAME, fail, import_pipelines, load
+from dataloader.cli.common import fail, import_pipelines, inspected, load
 from dataloader.config import Settings
 from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
 from dataloader.contract import ContractError
@@ -28,8 +28,6 @@ from dataloader.logger import configure_logging
 from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.maintenance.cron import configured_schedules
-from dataloader.storage import db
-from dataloader.storage.connections import GuardedPool
 from dataloader.storage.migrate import MigrationReport
 from dataloader.storage.presence import PresenceStore
 from dataloader.workers.destinations import check_at_start
@@ -138,17 +136,15 @@ async def _check_destinations(dsn: str, settings: Settings) -> None:
     """ConfigError for a schedule or stage certainly wrong, as the workers check them at their
     start (`workers.destinations`, which warns of the rest), here so that a mistake is one
     line, not a traceback from the application's start-up."""
-    pool = await db.create_pool(db.libpq_dsn(dsn), 1, APPLICATION_NAME, settings.db_timeout_sec)
-    try:
+    # the client checks the schema first: an unmigrated database is its one line
+    async with inspected(settings.model_copy(update={"db_dsn": dsn})) as (_, pool):
         await check_at_start(
             configured_schedules(settings.cron, default_registry),
             default_registry,
-            PresenceStore(GuardedPool(pool, settings.db_timeout_sec)),
+            PresenceStore(pool),
             [queue for spec in settings.workers for queue in spec.served],
             allow_unknown=settings.allow_unknown_tasks,
         )
-    finally:
-        await pool.close()
 
 
 def _hurry_workers(application: FastAPI) -> None:
