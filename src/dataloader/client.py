@@ -44,6 +44,7 @@ from dataloader.core.models import (
     QueueStats,
 )
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
+from dataloader.core.routing import KnownTasks, check_route
 from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db
@@ -246,9 +247,10 @@ class Client:
             consumer_group=consumer_group,
             rerun=rerun,
         )
-        if known is not None:
-            known.check_args(new.args)
         new.check_queue(filled)
+        if known is not None:
+            _check_own_queue(known, new.queue)
+            known.check_args(new.args)
         return new
 
     async def enqueue(
@@ -321,10 +323,11 @@ class Client:
                 tasks[name] = task = self.registry.get(name)
                 options[name] = self._options_of(name, task)
             task = tasks[name]
-            if task is not None:
-                task.check_args(job.args)
             if job.queue is None:
                 job.check_queue(options[name])
+            if task is not None:
+                _check_own_queue(task, job.queue)
+                task.check_args(job.args)
         return options
 
     def _options_of(self, name: str, task: Task | None) -> JobOptions:
@@ -557,6 +560,14 @@ class Client:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _check_own_queue(task: Task, queue: str | None) -> None:
+    """InvalidJob when `queue` is not the one `task` names (`core.routing`): its workers, its
+    pause and its limits are there. The library knows only this process's definitions; it
+    reads no live process at each enqueue (HTTP and `dataloader enqueue` do)."""
+    if queue is not None:
+        check_route(task.name, queue, KnownTasks({task.name: frozenset({task.queue})}))
 
 
 def _connections(pool: object, engine: object, timeout: float) -> Connections:

@@ -338,8 +338,10 @@ class Settings(BaseSettings):
     )
     allow_unknown_tasks: bool = Field(
         default=False,
-        description="Accept triggers of tasks no live process knows (a rolling deploy whose"
-        " new tasks are not running yet); by default they are refused with 422.",
+        description="Accept jobs, schedules and stages of a task no live process knows on a"
+        " queue live processes serve (a rolling deploy whose new tasks are not running yet);"
+        " by default they are refused (422), since those processes would fail them. On a"
+        " queue nobody serves such a task is always accepted: its jobs wait for their workers.",
     )
 
     api_tokens: Annotated[list[ApiToken], NoDecode] = Field(

@@ -6,7 +6,7 @@ DataloaderError
 ├── InvalidJobArgs          task arguments rejected by the task's pydantic model
 ├── InvalidJob              a new job's field out of bounds (also a ValueError)
 ├── IdempotencyConflict     an idempotency_key already names a job with other fields
-├── UnknownTask             a trigger names a task no live process knows (HTTP, CLI)
+├── UnknownTask             a job sent to a queue whose live processes all lack its task
 ├── DatabaseUnavailable     PostgreSQL refused, lost or stopped answering a connection
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
@@ -76,14 +76,17 @@ SHOWN_TASKS = 20
 
 
 class UnknownTask(DataloaderError):
-    """A trigger names a task that no live process knows (see DL_ALLOW_UNKNOWN_TASKS)."""
+    """A job of a task sent to a queue that live processes serve while none of them knows
+    the task: they would claim it and fail it (see `core.routing`, DL_ALLOW_UNKNOWN_TASKS)."""
 
-    def __init__(self, task: str, known_tasks: Iterable[str]) -> None:
+    def __init__(self, task: str, known_tasks: Iterable[str], queue: str) -> None:
         super().__init__(
-            f"task {task!r} is not known to any live process ({_describe_known(known_tasks)});"
-            " set DL_ALLOW_UNKNOWN_TASKS=true to accept it anyway (e.g. during a rolling deploy)"
+            f"task {task!r} is unknown ({_describe_known(known_tasks)}), and live processes"
+            f" serve queue {queue!r}: they would fail its jobs; set DL_ALLOW_UNKNOWN_TASKS=true"
+            " to accept it anyway (e.g. during a rolling deploy)"
         )
         self.task = task
+        self.queue = queue
 
 
 def _describe_known(tasks: Iterable[str]) -> str:

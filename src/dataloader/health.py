@@ -1,5 +1,6 @@
-"""What /status and `dataloader status` warn of: queues nobody serves, a transaction keeping
-vacuum from the queue table, maintenance failing or led by nobody. Decided from what was read,
+"""What /status and `dataloader status` warn of: queues nobody serves, tasks nobody knows (of
+queued jobs, of schedules), a transaction keeping vacuum from the queue table, maintenance
+failing or led by nobody. Decided from what was read,
 without I/O, so both say the same in the same words."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataloader.config import Settings
 from dataloader.core.models import QueueStats
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.admin import StatusReading
-from dataloader.storage.maintenance import Lease, MaintenanceRun
+from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
 
 
@@ -55,10 +56,13 @@ def status_document(reading: StatusReading, settings: Settings) -> dict[str, Any
 
 
 def warnings_of(reading: StatusReading, settings: Settings) -> list[str]:
-    """Every warning of what was read: queues with ready jobs nobody serves, the queue
-    table's vacuum held back, maintenance failing or led by nobody."""
+    """Every warning of what was read: queues with ready jobs nobody serves, tasks of queued
+    jobs or of schedules that no live process knows, the queue table's vacuum held back,
+    maintenance failing or led by nobody."""
     return (
         unserved_warnings(reading.ready, reading.live)
+        + unknown_task_warnings(reading.queued_tasks, reading.live)
+        + unknown_schedule_warnings(list(reading.cron.values()), reading.live)
         + vacuum_warnings(reading.table, settings.long_transaction_sec)
         + maintenance_warnings(reading.runs, reading.leases, reading.live, settings)
     )
@@ -95,6 +99,35 @@ def unserved_warnings(ready: list[str], live: list[LiveWorker]) -> list[str]:
         for queue in ready
         if queue not in served
     ]
+
+
+def unknown_task_warnings(queued: Mapping[str, list[str]], live: list[LiveWorker]) -> list[str]:
+    """Tasks with queued jobs that no live process knows: accepted while their workers are
+    away (`core.routing`), they wait until a process that knows them starts."""
+    known = live_task_names(live)
+    return [
+        f"task {task!r} has queued jobs (queue {', '.join(map(repr, queues))}) and no live"
+        " process knows it: they wait for a process that does"
+        for task, queues in queued.items()
+        if task not in known
+    ]
+
+
+def unknown_schedule_warnings(schedules: list[CronState], live: list[LiveWorker]) -> list[str]:
+    """Schedules whose task no live process knows: each slot's job waits (or, if a process
+    serving its queue lacks the task, fails) until one that knows it starts."""
+    known = live_task_names(live)
+    return [
+        f"schedule {s.name!r} enqueues task {s.task!r} on queue {s.queue!r}, which no live"
+        " process knows"
+        for s in schedules
+        if s.task not in known
+    ]
+
+
+def live_task_names(live: list[LiveWorker]) -> set[str]:
+    """The tasks some live process knows."""
+    return {task for worker in live for task in worker.tasks}
 
 
 def vacuum_warnings(maintenance: dict[str, Any], limit_sec: float) -> list[str]:

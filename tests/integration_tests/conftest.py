@@ -101,8 +101,9 @@ async def start_service(
         ) -> Service:
             """A service with the test's registry (or `tasks`) and settings `overrides`."""
             # A service without workers stands for an API replica whose workers are elsewhere
-            # and not part of the test: it accepts tasks no live process knows, unless the
-            # test says otherwise (the check itself is tested in test_presence.py).
+            # and not part of the test: it accepts tasks no live process knows even on queues
+            # the test's other processes serve, unless the test says otherwise (the check
+            # itself is tested in test_presence.py).
             overrides.setdefault("allow_unknown_tasks", not run_workers)
             settings = make_settings(**overrides)
             app = create_app(settings, tasks or registry, run_workers=run_workers)

@@ -128,15 +128,19 @@ async def add_worker(
     *,
     seen_ago_sec: float = 0,
     period_sec: float = 5,
+    task_queues: dict[str, str] | None = None,
 ) -> None:
-    """A row of another process, last seen `seen_ago_sec` ago."""
+    """A row of another process, last seen `seen_ago_sec` ago, whose contracts name the
+    queues of `task_queues` ({task: queue}; the others name none)."""
+    specs = {task: {"name": task, "queue": (task_queues or {}).get(task)} for task in tasks}
     await conn.execute(
-        "INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, period_sec,"
-        " seen_at) VALUES ($1, 'elsewhere', 1, '0', $2::jsonb, $3, $4,"
-        " now() - make_interval(secs => $5))",
+        "INSERT INTO dl_workers (worker_id, host, pid, version, queues, tasks, task_specs,"
+        " period_sec, seen_at) VALUES ($1, 'elsewhere', 1, '0', $2::jsonb, $3, $4::jsonb, $5,"
+        " now() - make_interval(secs => $6))",
         worker_id,
         json.dumps(queues),
         tasks,
+        json.dumps(specs),
         period_sec,
         seen_ago_sec,
     )

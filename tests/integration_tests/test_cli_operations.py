@@ -166,25 +166,46 @@ async def test_enqueue_refuses_invalid_input_in_one_line(
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
 
 
-async def test_enqueue_refuses_a_task_no_live_process_knows_as_the_http_trigger_does(
+async def test_enqueue_routes_a_task_as_the_http_trigger_does(
     cli: Cli, conn: asyncpg.Connection
 ) -> None:
+    """Accepted while nobody serves the queue (its workers are away); refused in one line
+    where live processes serve the queue and none knows the task, unless opted out."""
     command = ("enqueue", "etl.load", "--queue", "etl", "--lock-key", "k", "--json")
-    line = failed_in_one_line(await cli(*command), 1)
-    assert "'etl.load' is not known to any live process" in line
-    assert "DL_ALLOW_UNKNOWN_TASKS" in line
-    assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
-
-    await add_worker(conn, "elsewhere", {"etl": 1}, ["etl.load"])
     assert (await cli.json(*command[:-1]))["created"] is True
 
-    opted_out = await cli(
-        "enqueue", "etl.not.deployed.yet", "--queue", "etl", "--lock-key", "k",
-        env={"DL_ALLOW_UNKNOWN_TASKS": "true"},
-    )  # fmt: skip
+    await add_worker(conn, "elsewhere", {"etl": 1}, ["etl.other"])
+    typo = ("enqueue", "etl.laod", "--queue", "etl", "--lock-key", "k2")
+    line = failed_in_one_line(await cli(*typo), 1)
+    assert "'etl.laod' is unknown (known: demo.fail, demo.noop, demo.sleep, etl.other)" in line
+    assert "live processes serve queue 'etl'" in line
+    assert "DL_ALLOW_UNKNOWN_TASKS" in line
+    assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 1
+
+    opted_out = await cli(*typo, env={"DL_ALLOW_UNKNOWN_TASKS": "true"})
     assert opted_out.returncode == 0, opted_out
     tasks = await conn.fetch("SELECT task FROM dl_jobs ORDER BY created_at")
-    assert [row["task"] for row in tasks] == ["etl.load", "etl.not.deployed.yet"]
+    assert [row["task"] for row in tasks] == ["etl.load", "etl.laod"]
+
+
+async def test_enqueue_refuses_another_queue_than_the_tasks_naming_both(
+    cli: Cli, conn: asyncpg.Connection
+) -> None:
+    """Known from DL_PIPELINE_MODULES or from a live process's contract."""
+    env = {
+        "DL_PIPELINE_MODULES": "tests.integration_tests.etl_task",
+        "PYTHONPATH": str(Path(__file__).parents[2]),  # where `tests` is found
+    }
+    here = ("enqueue", "etl.load_rows", "--queue", "default", "--lock-key", "k")
+    line = failed_in_one_line(await cli(*here, env=env), 1)
+    assert "task 'etl.load_rows' runs on queue 'etl', not 'default'" in line
+
+    await add_worker(conn, "elsewhere", {"etl": 1}, ["etl.load"], task_queues={"etl.load": "etl"})
+    live = ("enqueue", "etl.load", "--queue", "default", "--lock-key", "k")
+    line = failed_in_one_line(await cli(*live), 1)
+    assert "task 'etl.load' runs on queue 'etl', not 'default'" in line
+    assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
+    assert (await cli.json("enqueue", "etl.load", "--queue", "etl", "--lock-key", "k"))["created"]
 
 
 @pytest.mark.parametrize(

@@ -239,7 +239,7 @@ async def test_options_come_from_the_call_then_the_task_then_the_settings(
         "t.day",
         {"day": "d3"},
         lock_key="k3",
-        queue="elsewhere",
+        queue="days",  # its task's: another is refused
         priority=1,
         max_attempts=2,
         lease_ttl=timedelta(minutes=2),
@@ -259,10 +259,29 @@ async def test_options_come_from_the_call_then_the_task_then_the_settings(
 
     assert columns(await job_row(conn, of_task.job_id)) == ("days", 7, 9, 33)
     assert columns(await job_row(conn, of_settings.job_id)) == ("misc", 100, 4, 77)
-    assert columns(await job_row(conn, own.job_id)) == ("elsewhere", 1, 2, 120)
+    assert columns(await job_row(conn, own.job_id)) == ("days", 1, 2, 120)
     assert columns(await job_row(conn, of_task_object.job_id)) == ("others", 100, 3, 77)
     assert columns(await job_row(conn, built.job_id)) == ("days", 7, 9, 33)
     assert (await count_jobs(conn))[0] == 5
+
+
+async def test_a_job_on_another_queue_than_its_tasks_is_refused_naming_both(
+    client: Client, conn: asyncpg.Connection
+) -> None:
+    """Its task's workers, pause and limits are on the task's queue: a job elsewhere would
+    bypass them. A task this client does not define goes where the call says."""
+    refused = "task 't.day' runs on queue 'days', not 'elsewhere'"
+    with pytest.raises(InvalidJob, match=refused) as info:
+        await client.enqueue("t.day", {"day": "d1"}, lock_key="k", queue="elsewhere")
+    assert info.value.field == "queue"
+    with pytest.raises(InvalidJob, match=refused):
+        await client.enqueue_many(
+            [NewJob(task="t.day", args={"day": "d1"}, lock_key="k", queue="elsewhere")]
+        )
+    with pytest.raises(InvalidJob, match=refused):
+        client.job("t.day", {"day": "d1"}, lock_key="k", queue="elsewhere")
+    assert await count_jobs(conn) == (0, 0)
+    await client.enqueue("t.unknown", {}, queue="anywhere", lock_key="k")
 
 
 async def test_the_library_honours_the_default_settings_of_the_environment(
@@ -399,14 +418,18 @@ async def test_an_idempotency_key_returns_the_same_job_and_refuses_another(
     for changed, fields in [
         ({"args": {"day": "e"}}, ("args",)),
         ({"lock_key": "other"}, ("lock_key",)),
-        ({"queue": "elsewhere"}, ("queue",)),
         ({"priority": 1, "max_attempts": 2}, ("priority", "max_attempts")),
     ]:
         call: dict[str, Any] = {"args": {"day": "d"}, "lock_key": "k"} | changed
         with pytest.raises(IdempotencyConflict) as info:
             await client.enqueue("t.day", idempotency_key="day-d", **call)
         assert (info.value.job_id, info.value.fields) == (first.job_id, fields)
-    assert await count_jobs(conn) == (1, 1)
+    # a task without a queue of its own (here: none this client defines) may take another
+    free = await client.enqueue("t.free", {}, queue="a", lock_key="k", idempotency_key="free")
+    with pytest.raises(IdempotencyConflict) as info:
+        await client.enqueue("t.free", {}, queue="b", lock_key="k", idempotency_key="free")
+    assert (info.value.job_id, info.value.fields) == (free.job_id, ("queue",))
+    assert await count_jobs(conn) == (2, 2)
     assert (await job_row(conn, first.job_id))["args_text"] == '{"day": "d"}'
 
 

@@ -110,11 +110,11 @@ async def test_the_enqueues_own_options_win_over_the_tasks(
 ) -> None:
     seen = always_failing(registry, "t.overridden", queue=TASK_QUEUE, max_attempts=4, retry=0)
     service = await start_service(workers=WORKERS)
-    job = await service.dl.enqueue(
-        "t.overridden", lock_key="k", queue="default", max_attempts=1, priority=3
+    job = await service.dl.enqueue(  # but for the queue: its own (tests/…/test_client.py)
+        "t.overridden", lock_key="k", queue=TASK_QUEUE, max_attempts=1, priority=3
     )
     state = await finished(service, job.job_id)
-    assert (state.queue, state.priority, state.max_attempts) == ("default", 3, 1)
+    assert (state.queue, state.priority, state.max_attempts) == (TASK_QUEUE, 3, 1)
     assert (state.status, seen) == (JobStatus.FAILED, [1])
 
 

@@ -84,12 +84,7 @@ def create_app(
         RequestContextMiddleware, summary=requests, log_every_request=settings.access_log
     )
     install_exception_handlers(app)
-    install_openapi(
-        app,
-        secured=bool(settings.api_tokens),
-        live_tasks=None if settings.allow_unknown_tasks else live_tasks,
-        registry=pipelines,
-    )
+    install_openapi(app, secured=bool(settings.api_tokens), registry=pipelines)
     app.include_router(os_router)
     app.include_router(v1_router)
     app.include_router(queues_router)

@@ -10,24 +10,20 @@ plus what it cannot derive from the routes alone.
   array that holds itself.
 * Links from the trigger's `job_id` to the job (and its status) and cancel, so that a client (or a
   stateful test) knows where the id goes.
-* With the unknown-task check on (`DL_ALLOW_UNKNOWN_TASKS` false), the trigger's `task` is an
-  `enum` of the tasks live processes know, read again (through the `LiveTasks` cache) each
-  time the schema is served and rebuilt when that set changes: a name outside it is refused
-  with 422, so a schema without the enum would promise what the service refuses.
+* The trigger's `args` follow the model of each task registered in this process (the trigger
+  checks them against it), as a condition on `task`. `task` itself is not an enum: a trigger of
+  a task no live process knows is accepted while no live process serves its queue
+  (`core.routing`), so no list of names could say what is accepted.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
-from starlette.routing import Route
 
-from dataloader.api.live import LiveTasks
-from dataloader.core.limits import ARGS_MAX_ARRAY_NESTING, NO_NUL_PATTERN, check_name
+from dataloader.core.limits import ARGS_MAX_ARRAY_NESTING, NO_NUL_PATTERN
 from dataloader.workers.pipelines.registry import PipelineRegistry
 
 TRIGGER_PATH = "/api/v1/jobs/trigger"
@@ -65,18 +61,11 @@ JSON_OBJECT: dict[str, Any] = {
 }
 
 
-def install_openapi(
-    app: FastAPI,
-    *,
-    secured: bool,
-    live_tasks: LiveTasks | None,
-    registry: PipelineRegistry | None = None,
-) -> None:
-    """Serve the exact schema from `app`: the routes' part built once, on first use; the
-    `task` enum (when `live_tasks` is given) from the set last read, rebuilt when it changes."""
-    with_tasks: dict[frozenset[str], dict[str, Any]] = {}
+def install_openapi(app: FastAPI, *, secured: bool, registry: PipelineRegistry) -> None:
+    """Serve the exact schema from `app`, built once, on first use (tasks registered by then
+    have their args in it)."""
 
-    def base() -> dict[str, Any]:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(
                 title=app.title,
@@ -87,49 +76,20 @@ def install_openapi(
             if not secured:
                 _drop_security(schema)
             _exact_args(schema)
+            _task_args(schema, registry)
             _link_job_id(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
-    def openapi() -> dict[str, Any]:
-        tasks = live_tasks.last_known if live_tasks is not None else None
-        if tasks is None:
-            return base()
-        if tasks not in with_tasks:
-            with_tasks.clear()  # only the current set is served
-            with_tasks[tasks] = _task_enum(base(), tasks, registry or PipelineRegistry())
-        return with_tasks[tasks]
-
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
-    if live_tasks is not None and app.openapi_url is not None:
-
-        async def serve(_request: Request) -> JSONResponse:
-            await live_tasks.get()
-            return JSONResponse(openapi())
-
-        # FastAPI's own route calls `app.openapi()`, which cannot await the database: ours
-        # reads the live set first.
-        app.router.routes[:] = [
-            route
-            for route in app.router.routes
-            if not (isinstance(route, Route) and route.path == app.openapi_url)
-        ]
-        app.add_route(app.openapi_url, serve, include_in_schema=False)
 
 
-def _task_enum(
-    schema: dict[str, Any], tasks: frozenset[str], registry: PipelineRegistry
-) -> dict[str, Any]:
-    """`schema` whose trigger `task` is one of `tasks` (those a trigger can name at all), and
-    whose `args` follow the model of each task registered in this process (the trigger checks
-    them against it)."""
-    exact = copy.deepcopy(schema)
-    schemas = exact["components"]["schemas"]
+def _task_args(schema: dict[str, Any], registry: PipelineRegistry) -> None:
+    """The trigger's `args` follow the model of each task of `registry` that has one."""
+    schemas = schema["components"]["schemas"]
     trigger = schemas["TriggerRequest"]
-    task = trigger["properties"]["task"]
-    names = sorted(name for name in tasks if _nameable(name))
     conditions = []
-    for name in names:
+    for name in sorted(registry):
         pipeline = registry.get(name)
         if pipeline is None or pipeline.args_model is None:
             continue
@@ -146,23 +106,9 @@ def _task_enum(
         )
     if conditions:
         trigger["allOf"] = conditions
-    if names:
-        task["enum"] = names
-    else:  # JSON Schema wants a non-empty enum; nothing is accepted
-        task["not"] = {}
-    task["description"] = "A task some live process knows (see GET /status, live_workers)."
-    return exact
 
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
-
-
-def _nameable(name: str) -> bool:
-    try:
-        check_name(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _operations(schema: dict[str, Any]) -> list[dict[str, Any]]:

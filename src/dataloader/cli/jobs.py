@@ -37,7 +37,8 @@ from dataloader.cli.output import (
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.core.models import EnqueueResult, JobState
-from dataloader.exceptions import ConfigError, InvalidJob, UnknownTask
+from dataloader.core.routing import check_route
+from dataloader.exceptions import ConfigError, InvalidJob
 from dataloader.storage.presence import PresenceStore
 from dataloader.storage.repositories import JobPage
 from dataloader.workers.pipelines.registry import registry as default_registry
@@ -79,8 +80,10 @@ def enqueue(
 
     Options left out come from the task's definition when DL_PIPELINE_MODULES registers it
     (its queue, priority, attempts; its args are checked against its model), then from the
-    settings. A TASK that neither DL_PIPELINE_MODULES registers nor any live process knows
-    is refused, as over HTTP, unless DL_ALLOW_UNKNOWN_TASKS=true. With --wait: the job's
+    settings. Refused, as over HTTP: a queue other than the one the task's definition names,
+    and a TASK that neither DL_PIPELINE_MODULES registers nor any live process knows while
+    live processes serve the queue (they would fail it; DL_ALLOW_UNKNOWN_TASKS=true accepts
+    it); a TASK nobody knows on a queue nobody serves waits for its workers. With --wait: the job's
     final state, and exit 4 if it ended failed, canceled or lost (5 if --timeout ran out
     first)."""
     settings = operator_settings()
@@ -112,9 +115,12 @@ async def _enqueue(
 ) -> int:
     """Enqueue `job` (`Client.enqueue`'s arguments) with `args` (the JSON text given), and
     with `wait` wait for its end; the command's exit code."""
-    if not settings.allow_unknown_tasks and default_registry.get(job["task"]) is None:
-        async with inspected(settings) as (_, pool):  # closed before a --wait that may be long
-            await _check_live(PresenceStore(pool), job["task"])
+    if default_registry.get(job["task"]) is None and job["queue"] is not None:
+        # a task defined here is checked by the client; one that is not, against the live
+        # processes (closed before a --wait that may be long)
+        async with inspected(settings) as (_, pool):
+            known = default_registry.known(await PresenceStore(pool).known_tasks())
+        check_route(job["task"], job["queue"], known, allow_unknown=settings.allow_unknown_tasks)
     async with connected(settings, actor, default_registry) as client:
         enqueued = await client.enqueue(args=_json_object(args), **job)
         if not (wait and as_json):  # with --json only the final state is shown
@@ -122,14 +128,6 @@ async def _enqueue(
         if not wait:
             return ExitCode.OK
         return await _wait_for(client, enqueued, timeout, as_json)
-
-
-async def _check_live(presence: PresenceStore, task: str) -> None:
-    """UnknownTask unless some live process knows `task`, as the HTTP trigger checks: a
-    misspelt name would otherwise be retried for minutes before it failed."""
-    known = await presence.live_tasks()
-    if task not in known:
-        raise UnknownTask(task, known)
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 import uvicorn
 
-from dataloader.cli.common import fail, import_pipelines, load
+from dataloader.cli.common import fail, import_pipelines, inspected, load
 from dataloader.config import Settings
 from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
 from dataloader.contract import ContractError
@@ -29,6 +29,8 @@ from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.maintenance.cron import configured_schedules
 from dataloader.storage.migrate import MigrationReport
+from dataloader.storage.presence import PresenceStore
+from dataloader.workers.destinations import check_at_start
 from dataloader.workers.pipelines.registry import registry as default_registry
 
 if TYPE_CHECKING:
@@ -108,6 +110,8 @@ async def _prepare_database(settings: Settings) -> Settings:
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(dsn)
+    if settings.workers:
+        await _check_destinations(dsn, settings)
     embedded = settings.asyncpg_dsn is None
     shown = mask_dsn(dsn)  # the embedded server's DSN has no password: psql takes it as it is
     log.info(
@@ -126,6 +130,21 @@ async def _prepare_database(settings: Settings) -> Settings:
             extra={"target_database": target, "target_dsn": shown_target},
         )
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
+
+
+async def _check_destinations(dsn: str, settings: Settings) -> None:
+    """ConfigError for a schedule or stage certainly wrong, as the workers check them at their
+    start (`workers.destinations`, which warns of the rest), here so that a mistake is one
+    line, not a traceback from the application's start-up."""
+    # the client checks the schema first: an unmigrated database is its one line
+    async with inspected(settings.model_copy(update={"db_dsn": dsn})) as (_, pool):
+        await check_at_start(
+            configured_schedules(settings.cron, default_registry),
+            default_registry,
+            PresenceStore(pool),
+            [queue for spec in settings.workers for queue in spec.served],
+            allow_unknown=settings.allow_unknown_tasks,
+        )
 
 
 def _hurry_workers(application: FastAPI) -> None:

@@ -186,6 +186,8 @@ class StatusReading:
     live: list[LiveWorker]
     #: queues with at least one ready job
     ready: list[str]
+    #: {task: the queues holding queued jobs of it}
+    queued_tasks: dict[str, list[str]]
     leases: list[Lease]
     runs: list[MaintenanceRun]
     cron: dict[str, CronState]
@@ -202,6 +204,7 @@ async def read_status(
         table=await admin.maintenance(),
         live=live,
         ready=await presence.ready_queues(),
+        queued_tasks=await presence.queued_tasks(),
         leases=await maintenance.leases(),
         runs=await maintenance.runs(),
         cron=await maintenance.cron_state(),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dataloader.core.routing import KnownTasks
 from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
 
@@ -124,10 +125,24 @@ class PresenceStore:
             for row in rows
         ]
 
-    async def live_tasks(self) -> frozenset[str]:
-        """The task names some live process knows."""
-        rows = await self._db.fetch(queries.LIVE_TASKS)
-        return frozenset(row["task"] for row in rows)
+    async def known_tasks(self) -> KnownTasks:
+        """The tasks live processes know, each with the queues its definitions name, and the
+        queues live processes serve."""
+        definitions: dict[str, set[str | None]] = {}
+        served: set[str] = set()
+        for row in await self._db.fetch(queries.LIVE_ROUTES):
+            if row["task"] is None:
+                served.add(row["queue"])
+            else:
+                definitions.setdefault(row["task"], set()).add(row["queue"])
+        return KnownTasks({t: frozenset(q) for t, q in definitions.items()}, frozenset(served))
+
+    async def queued_tasks(self) -> dict[str, list[str]]:
+        """{task: the queues holding queued jobs of it}, for every task with queued jobs."""
+        found: dict[str, list[str]] = {}
+        for row in await self._db.fetch(queries.QUEUED_TASKS):
+            found.setdefault(row["task"], []).append(row["queue"])
+        return found
 
     async def ready_queues(self) -> list[str]:
         """Queues with at least one ready job (one index probe per queued queue)."""

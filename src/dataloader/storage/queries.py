@@ -1113,11 +1113,32 @@ GROUP BY s.key, s.value
 ORDER BY s.key, min(w.worker_id)
 """
 
-#: The task names live processes know (LIVE_WORKERS's liveness).
-LIVE_TASKS: Final = """
-SELECT DISTINCT unnest(tasks) AS task FROM dl_workers
-WHERE seen_at > now() - make_interval(secs => 3 * period_sec)
-ORDER BY task
+#: Each task live processes know, once per queue its definitions name (NULL: none, so any
+#: queue), and the queues live processes serve (task NULL), by LIVE_WORKERS's liveness.
+LIVE_ROUTES: Final = """
+SELECT DISTINCT t.task, w.task_specs -> t.task ->> 'queue' AS queue
+FROM dl_workers w CROSS JOIN LATERAL unnest(w.tasks) AS t(task)
+WHERE w.seen_at > now() - make_interval(secs => 3 * w.period_sec)
+UNION
+SELECT DISTINCT NULL, q.queue
+FROM dl_workers w CROSS JOIN LATERAL jsonb_object_keys(w.queues) AS q(queue)
+WHERE w.seen_at > now() - make_interval(secs => 3 * w.period_sec)
+ORDER BY 1, 2
+"""
+
+#: Each (task, queue) of queued jobs (delayed and waiting ones included), without reading the
+#: table: a skip scan of `ix_dl_jobs_queued_task` (migration 0019), one index probe per pair.
+QUEUED_TASKS: Final = """
+WITH RECURSIVE p(task, queue) AS (
+    (SELECT task, queue FROM dl_jobs WHERE status = 'queued' ORDER BY task, queue LIMIT 1)
+    UNION ALL
+    SELECT n.task, n.queue FROM p CROSS JOIN LATERAL (
+        SELECT j.task, j.queue FROM dl_jobs j
+        WHERE j.status = 'queued' AND (j.task, j.queue) > (p.task, p.queue)
+        ORDER BY j.task, j.queue LIMIT 1
+    ) n
+)
+SELECT task, queue FROM p ORDER BY task, queue
 """
 
 #: Queues with ready jobs (queued, available_at <= now()), without reading the table: a skip

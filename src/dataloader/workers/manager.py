@@ -23,6 +23,7 @@ from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
+from dataloader.workers.destinations import check_at_start, warn_awaited
 from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
@@ -34,7 +35,7 @@ from dataloader.workers.runtime import WorkerRuntime, new_worker_id
 from dataloader.workers.supervisor import Loop, Supervisor
 
 if TYPE_CHECKING:
-    from dataloader.config import Settings
+    from dataloader.config import CronSpec, Settings
     from dataloader.context import AppContext
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,9 @@ class WorkerManager:
         self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
         #: Restarts whichever of this process's loops raises, and records it for /status.
         self.supervisor = Supervisor(MaintenanceStore(self.runtime.protocol.db), self.worker_id)
+        self._schedules = configured_schedules(settings.cron, registry)
         self.maintenance = _maintenance(
-            settings, app, registry, self.runtime.protocol, self.reaper, self.supervisor
+            settings, app, self._schedules, self.runtime.protocol, self.reaper, self.supervisor
         )
         self._stop_claiming = asyncio.Event()  # queue workers and reaper
         self._stop_all = asyncio.Event()  # heartbeat, listener, lock holder
@@ -124,6 +126,14 @@ class WorkerManager:
             await self._pool.close()
             raise
         try:
+            awaited = await check_at_start(
+                self._schedules,
+                self.runtime.registry,
+                self.presence.store,
+                self.queues,
+                allow_unknown=self.runtime.settings.allow_unknown_tasks,
+            )
+            warn_awaited(awaited)
             await self.presence.register()
         except BaseException:
             await locks.close()
@@ -268,7 +278,7 @@ class WorkerManager:
 def _maintenance(
     settings: Settings,
     app: AppContext,
-    registry: PipelineRegistry,
+    schedules: list[CronSpec],
     protocol: WorkerProtocol,
     reaper: Reaper,
     supervisor: Supervisor,
@@ -276,7 +286,7 @@ def _maintenance(
     """The maintenance this process runs while it leads: reaper, pruner, cron scheduler."""
     store = MaintenanceStore(protocol.db)
     pruner = Pruner(store, Retention.of(settings), settings.prune_batch_size)
-    cron = CronScheduler(store, app.client, configured_schedules(settings.cron, registry))
+    cron = CronScheduler(store, app.client, schedules)
     return Maintenance(
         Leadership(store, supervisor.holder, settings.leader_lease_sec),
         store,

@@ -45,7 +45,7 @@ class Presence:
         fence: PresenceFence,
         ended: Counter[tuple[str, str]] | None = None,
     ) -> None:
-        self._store = store
+        self.store = store
         self._fence = fence
         #: A refresh is out: its row may still be written.
         self._refreshing = False
@@ -88,7 +88,7 @@ class Presence:
         sent = time.monotonic()
         self._refreshing = True
         try:
-            await self._store.upsert(self.info())
+            await self.store.upsert(self.info())
         finally:
             self._refreshing = False
         self._fence.refreshed(sent)
@@ -118,7 +118,7 @@ class Presence:
         ended = Counter(self._ended)
         self._ended.clear()
         try:
-            await self._store.add_throughput(ended)
+            await self.store.add_throughput(ended)
         except BaseException:
             self._ended.update(ended)
             raise
@@ -128,7 +128,7 @@ class Presence:
         a row, nobody can find the process gone: its last jobs wind down under their leases
         alone (unless a refresh is still out, which may write the row again)."""
         try:
-            await self._store.delete(self._worker_id)
+            await self.store.delete(self._worker_id)
         except Exception as exc:
             log.warning("could not deregister %s: %r", self._worker_id, exc)
             return

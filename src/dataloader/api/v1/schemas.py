@@ -437,12 +437,24 @@ class TaskContractResponse(BaseModel):
     workers: list[str] = Field(description="The live processes that publish this contract.")
 
 
+class AwaitedTaskResponse(BaseModel):
+    """A task with queued jobs that no live process knows."""
+
+    name: str
+    queues: list[str] = Field(description="The queues holding its queued jobs.")
+
+
 class TaskListResponse(BaseModel):
     """`GET /api/v1/tasks` output."""
 
     tasks: list[TaskContractResponse] = Field(
         description="By name; a task whose live processes publish different contracts (a"
         " rolling upgrade) appears once per contract."
+    )
+    awaited: list[AwaitedTaskResponse] = Field(
+        default_factory=list,
+        description="By name, tasks with queued jobs that no live process knows: accepted"
+        " while their workers are away, their jobs wait for a process that knows them.",
     )
 
 

@@ -1,5 +1,6 @@
 """API v1 business logic: the client's rules (`dataloader.Client`), plus what only HTTP needs:
-refusing tasks no live process knows, and triggers that break the contract (DL_CONTRACT_FILE)."""
+refusing jobs sent where they cannot run (`core.routing`, from what live processes know), and
+triggers that break the contract (DL_CONTRACT_FILE)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.contract import ContractGuard
 from dataloader.core.models import JobState, NewJob
-from dataloader.exceptions import JobNotFound, UnknownTask
+from dataloader.exceptions import JobNotFound
 
 from .schemas import (
     JobBulkRequest,
@@ -46,13 +47,17 @@ class JobsService:
         self._contract = contract
 
     async def trigger(self, request: TriggerRequest, actor: str) -> TriggerResponse:
-        """Idempotent enqueue, with the client's checks and defaults. A task no live process
-        knows is refused (UnknownTask) unless DL_ALLOW_UNKNOWN_TASKS: a misspelt name would
-        otherwise be retried for minutes before it failed."""
-        if not self._settings.allow_unknown_tasks and not await self._live_tasks.knows(
-            request.task
-        ):
-            raise UnknownTask(request.task, self._live_tasks.last_known or ())
+        """Idempotent enqueue, with the client's checks and defaults, refused where it
+        certainly cannot run (`core.routing`): on another queue than its task's (InvalidJob),
+        or on a queue whose live processes all lack its task (UnknownTask, unless
+        DL_ALLOW_UNKNOWN_TASKS). A task nobody knows on a queue nobody serves is accepted:
+        its jobs wait for their workers, and /status says so."""
+        await self._live_tasks.check(
+            request.task,
+            request.queue,
+            self._client.registry,
+            allow_unknown=self._settings.allow_unknown_tasks,
+        )
         if self._contract is not None:
             self._contract.check(request.task, request.queue, request.args)
         result = await self._client.acting_as(actor).enqueue(

@@ -1,4 +1,5 @@
-"""API v1 task routes: the contracts of the tasks live workers run."""
+"""API v1 task routes: the contracts of the tasks live workers run, and the tasks of queued
+jobs that none of them knows."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from fastapi import APIRouter, Depends
 
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
-from dataloader.api.v1.schemas import TaskContractResponse, TaskListResponse
+from dataloader.api.v1.schemas import (
+    AwaitedTaskResponse,
+    TaskContractResponse,
+    TaskListResponse,
+)
 from dataloader.config import Scope
 from dataloader.storage.presence import PresenceStore
 
@@ -28,11 +33,18 @@ Presence = Annotated[PresenceStore, Depends(from_state("presence"))]
 )
 async def list_tasks(presence: Presence) -> TaskListResponse:
     """Every task some live worker runs: its queue and options, the JSON Schema of its args
-    (validate before you trigger) and of its result, and the processes that publish it."""
+    (validate before you trigger) and of its result, and the processes that publish it; then
+    the tasks of queued jobs that no live process knows, with their queues."""
     published = await presence.live_task_specs()
+    known = (await presence.known_tasks()).tasks()
     return TaskListResponse(
         tasks=[
             TaskContractResponse.model_validate(p.spec | {"name": p.name, "workers": p.workers})
             for p in published
-        ]
+        ],
+        awaited=[
+            AwaitedTaskResponse(name=task, queues=queues)
+            for task, queues in (await presence.queued_tasks()).items()
+            if task not in known
+        ],
     )

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from dataloader.core import limits
 from dataloader.core.cron import check_schedule
 from dataloader.core.retry import RetryPolicy, RetrySpec, as_policy, seconds
+from dataloader.core.routing import KnownTasks
 from dataloader.exceptions import InvalidJobArgs
 
 if TYPE_CHECKING:
@@ -194,6 +195,15 @@ class TaskRegistry:
     def tasks(self) -> list[Task]:
         """Every task, by name."""
         return [self._tasks[name] for name in sorted(self._tasks)]
+
+    def known(self, live: KnownTasks | None = None) -> KnownTasks:
+        """What a sender in this process knows (`core.routing`): these tasks as defined here
+        (a producer's own definitions win over other versions'), then the others `live`
+        processes know, and the queues they serve."""
+        here = {name: frozenset({task.queue}) for name, task in self._tasks.items()}
+        if live is None:
+            return KnownTasks(here)
+        return KnownTasks({**live.definitions, **here}, live.served)
 
     def only(self, keep: Callable[[Task], bool]) -> TaskRegistry:
         """A new registry holding the tasks `keep` accepts."""
