@@ -41,6 +41,8 @@ from .helpers import finish_claimed
 WOKEN_WITHIN_SEC = 5.0
 #: A queue no worker of these tests serves: its jobs stay queued.
 UNSERVED = "unserved"
+#: A task no process defines: its jobs on UNSERVED wait for ever (no definition names a queue).
+IDLE = "t.idle"
 
 
 @dataclass
@@ -72,7 +74,8 @@ def long_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
 def runs(registry: TaskRegistry) -> Runs:
     """Registers `t.work` (queue default): records its run, waits for the gate named in its
     args (if any), saves a checkpoint, fails when asked unless it resumed from a checkpoint,
-    returns {"echo": args.value}; and `t.cancellable`, which runs until asked to stop."""
+    returns {"echo": args.value}; `t.anywhere`, on the queue each job names; and
+    `t.cancellable`, which runs until asked to stop."""
     done = Runs()
 
     @registry.task("t.work", queue="default")
@@ -86,6 +89,10 @@ def runs(registry: TaskRegistry) -> Runs:
         if ctx.args.get("fail") and resumed is None:
             raise RuntimeError("failing on purpose")
         return {"echo": ctx.args.get("value")}
+
+    @registry.task("t.anywhere")  # no queue of its own: each job names one
+    async def anywhere(ctx: JobContext[dict[str, Any]]) -> None:
+        done.runs.append((ctx.job_id, dict(ctx.args), ctx.attempt))
 
     @registry.task("t.cancellable", queue="default")
     async def cancellable(ctx: JobContext[dict[str, Any]]) -> None:
@@ -205,7 +212,7 @@ async def test_concurrent_waits_share_one_listening_connection_and_give_it_back(
 
 
 async def test_wait_times_out_with_a_clear_message(client: Client) -> None:
-    job = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="k")
+    job = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="k")
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"^job {job.job_id} has not ended within 0.5 s$"):
         await client.wait(job.job_id, timeout=0.5)
@@ -227,7 +234,7 @@ async def test_wait_for_an_unknown_job_raises_job_not_found(
 async def test_a_job_canceled_while_queued_wakes_its_waiter(
     client: Client, conn: asyncpg.Connection
 ) -> None:
-    job = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="k")
+    job = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="k")
     waiting = asyncio.create_task(client.wait(job.job_id, timeout=60))
     await until_waiting(client, conn, 1)
     canceled_at = time.monotonic()
@@ -284,9 +291,9 @@ async def test_ends_are_announced_only_while_a_client_listens(
             "dl_job_finished", lambda _c, _p, _ch, payload: heard.append(payload)
         )
         await eavesdropper.execute("SELECT 1")  # not counted among listeners (`listeners`)
-        unheard = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="a")
+        unheard = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="a")
         await client.cancel(unheard.job_id)
-        awaited = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="b")
+        awaited = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="b")
         waiting = asyncio.create_task(client.wait(awaited.job_id, timeout=60))
         await until_waiting(client, conn, 1)
         await client.cancel(awaited.job_id)
@@ -305,7 +312,7 @@ async def test_ends_are_announced_only_while_a_client_listens(
 async def test_close_ends_pending_waits_and_leaves_no_task_nor_listener(
     client: Client, conn: asyncpg.Connection
 ) -> None:
-    job = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="k")
+    job = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="k")
     waiting = asyncio.create_task(client.wait(job.job_id))
     pid = await until_waiting(client, conn, 1)
     await client.close()
@@ -379,7 +386,7 @@ async def test_retry_refuses_a_running_job(client: Client, runs: Runs) -> None:
 
 
 async def test_retry_of_a_lost_job_queues_it_again(client: Client, db_dsn: str) -> None:
-    job = await client.enqueue("t.work", {}, queue=UNSERVED, lock_key="k", max_attempts=1)
+    job = await client.enqueue(IDLE, {}, queue=UNSERVED, lock_key="k", max_attempts=1)
     pool = await create_pool(db_dsn, 2, "test")
     try:
         protocol = WorkerProtocol(pool)
@@ -483,10 +490,10 @@ async def test_rerun_of_a_queued_job_gives_it_the_new_args(
     client: Client, conn: asyncpg.Connection
 ) -> None:
     first = await client.enqueue(
-        "t.work", {"value": 1}, queue=UNSERVED, lock_key="k", idempotency_key="day"
+        IDLE, {"value": 1}, queue=UNSERVED, lock_key="k", idempotency_key="day"
     )
     again = await client.enqueue(
-        "t.work", {"value": 2}, queue=UNSERVED, lock_key="k", idempotency_key="day", rerun=True
+        IDLE, {"value": 2}, queue=UNSERVED, lock_key="k", idempotency_key="day", rerun=True
     )
     assert (again.job_id, again.status, again.created) == (first.job_id, JobStatus.QUEUED, False)
     args = await conn.fetchval("SELECT args::text FROM dl_jobs WHERE job_id = $1", first.job_id)
@@ -498,19 +505,21 @@ async def test_rerun_of_a_queued_job_gives_it_the_new_args(
 
 
 @pytest.mark.parametrize(
-    ("change", "fields"),
+    ("task", "change", "fields"),
     [
-        ({"queue": UNSERVED}, ("queue",)),
-        ({"task": "t.cancellable"}, ("task",)),
-        ({"lock_key": "other"}, ("lock_key",)),
+        ("t.anywhere", {"queue": UNSERVED}, ("queue",)),
+        ("t.work", {"task": "t.cancellable"}, ("task",)),
+        ("t.work", {"lock_key": "other"}, ("lock_key",)),
     ],
 )
 async def test_rerun_still_refuses_a_job_of_other_fields(
-    client: Client, change: dict[str, Any], fields: tuple[str, ...]
+    client: Client, task: str, change: dict[str, Any], fields: tuple[str, ...]
 ) -> None:
-    first = await client.enqueue("t.work", {"value": 1}, lock_key="k", idempotency_key="day")
+    first = await client.enqueue(
+        task, {"value": 1}, queue="default", lock_key="k", idempotency_key="day"
+    )
     done = await client.wait(first.job_id, timeout=30)
-    call: dict[str, Any] = {"task": "t.work", "lock_key": "k"} | change
+    call: dict[str, Any] = {"task": task, "queue": "default", "lock_key": "k"} | change
     with pytest.raises(IdempotencyConflict) as info:
         await client.enqueue(
             call.pop("task"), {"value": 2}, idempotency_key="day", rerun=True, **call
