@@ -16,7 +16,16 @@ import typer
 from dataloader.client import Client
 from dataloader.config import Settings, env_name, load_settings
 from dataloader.context import resolve_dsn
-from dataloader.exceptions import ConfigError, DatabaseUnavailable, DataloaderError
+from dataloader.core import limits
+from dataloader.exceptions import (
+    ConfigError,
+    DatabaseUnavailable,
+    DataloaderError,
+    InvalidJob,
+    InvalidJobArgs,
+    JobNotFound,
+    NotRetryable,
+)
 from dataloader.logger.utils import mask_text
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
@@ -37,11 +46,13 @@ class ExitCode(IntEnum):
     """What the exit status of a command means (documented in the README)."""
 
     OK = 0
-    #: The request failed: no such job, a job that cannot be retried, invalid input, a
-    #: database without dataloader's schema (and every start-up failure of serve, worker and
-    #: migrate, which predate the codes below).
+    #: The request failed: no such job, a job that cannot be retried, a task no live process
+    #: knows, a database without dataloader's schema (and every start-up failure of serve,
+    #: worker and migrate, which predate the codes below).
     REQUEST = 1
-    #: A usage error (Typer's: an unknown option, a missing argument) or an invalid setting.
+    #: Bad input, refused before anything is written: a usage error (an unknown option, a
+    #: missing argument), a value out of bounds (of an option, an argument, a job's field) or
+    #: an invalid setting.
     USAGE = 2
     #: The database cannot be reached, or stopped answering.
     DATABASE = 3
@@ -60,6 +71,7 @@ JsonOption = Annotated[
         help="Print one JSON document on stdout (dates in ISO 8601) instead of tables.",
     ),
 ]
+JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
 ActorOption = Annotated[
     str,
     typer.Option(
@@ -70,10 +82,26 @@ ActorOption = Annotated[
 ]
 
 
+def say(message: str) -> None:
+    """One line on stderr, secrets masked: an error or a warning."""
+    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+
+
 def fail(message: str, code: int) -> NoReturn:
     """End the command: one line on stderr (secrets masked) and exit `code`."""
-    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+    say(message)
     raise typer.Exit(code)
+
+
+def seconds(value: float | None) -> float | None:
+    """A length of time given in seconds (an option's callback): a finite number from 0 to
+    SECONDS_MAX (click's own range check lets NaN and infinity through)."""
+    if value is not None and not 0 <= value <= limits.SECONDS_MAX:  # False for NaN
+        raise typer.BadParameter(
+            f"must be a number of seconds from 0 to {limits.SECONDS_MAX:,} (a century),"
+            f" not {value:g}"
+        )
+    return value
 
 
 def load(**overrides: Any) -> Settings:
@@ -115,7 +143,11 @@ def run(operation: Coroutine[Any, Any, int]) -> NoReturn:
         fail(str(exc), ExitCode.DATABASE)
     except db.CONNECTION_ERRORS as exc:  # lost (or silent) after the connection was made
         fail(f"the database stopped answering: {_line(exc)}", ExitCode.DATABASE)
-    except (DataloaderError, ValueError) as exc:  # the library's refusals of a request
+    except (JobNotFound, NotRetryable) as exc:  # a request that names the wrong job
+        fail(str(exc), ExitCode.REQUEST)
+    except (InvalidJob, InvalidJobArgs, ValueError) as exc:  # bad input: nothing was written
+        fail(_line(exc), ExitCode.USAGE)
+    except DataloaderError as exc:  # the library's other refusals of a request
         fail(str(exc), ExitCode.REQUEST)
     raise typer.Exit(code)
 

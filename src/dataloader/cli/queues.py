@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.text import Text
@@ -20,7 +20,7 @@ from dataloader.cli.common import (
     operator_settings,
     run,
 )
-from dataloader.cli.output import cell, console, duration, print_json, table, when
+from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.core.models import QueueStats
@@ -64,17 +64,36 @@ def queue_document(stats: QueueStats) -> dict[str, Any]:
     return document
 
 
+def _count(header: str, drop: int = 0) -> Col:
+    return Col(header, drop=drop, justify="right")
+
+
+#: The columns of `queues`, the first left out first when the terminal is narrow (a rank of
+#: 0: never). Each header is one line: 80 columns hold the queue and its counts.
+QUEUE_COLUMNS: Final = (
+    Col("queue", whole=True),
+    _count("ready"),
+    _count("waiting", 5),
+    _count("delayed", 4),
+    _count("running"),
+    _count("failed", 2),
+    _count("lost", 3),
+    _count("oldest due", 6),
+    Col("paused", drop=1),
+    _count("workers", 7),
+    _count("slots", 8),
+    _count("/min 1m", 9),
+    _count("/min 5m", 11),
+    _count("/min 60m", 10),
+)
+
+
 def _show_queues(stats: list[QueueStats]) -> None:
     out = console()
     if not stats:
         out.print("no queue holds jobs, is paused, served or was busy in the last hour")
         return
-    grid = table(
-        "queue", "ready", "waiting", "delayed", "running", "failed", "lost", "oldest due",
-        "paused", "workers", "slots", "/min 1m", "/min 5m", "/min 60m",
-    )  # fmt: skip
-    for column in grid.columns[1:]:
-        column.justify = "right"
+    grid = table(*QUEUE_COLUMNS)
     for s in stats:
         per_minute = [f"{t.per_minute:.1f}" for t in s.throughput]
         grid.add_row(
