@@ -501,12 +501,12 @@ class Client:
         """Pause `queue`: from now on no worker of any process claims its jobs (those
         running finish; triggers are still accepted). Recorded in the queue's audit log with
         this client's actor; pausing a paused queue changes nothing. Its settings after."""
-        return await self._admin.pause(limits.check_name(queue), self.actor)
+        return await self._admin.pause(_queue_name(queue), self.actor)
 
     async def resume(self, queue: str) -> QueueSettings:
         """Resume a paused `queue` and wake the workers that serve it (audited like
         `pause`); resuming a queue that is not paused changes nothing."""
-        return await self._admin.resume(limits.check_name(queue), self.actor)
+        return await self._admin.resume(_queue_name(queue), self.actor)
 
     async def set_limits(
         self,
@@ -522,7 +522,7 @@ class Client:
         transaction-level advisory lock), so the limits hold exactly; a queue without limits
         costs nothing of this. Audited like `pause`; ValueError for a bad value."""
         wanted = QueueLimits(max_running, max_running_per_partition, max_per_second)
-        return await self._admin.set_limits(limits.check_name(queue), wanted, self.actor)
+        return await self._admin.set_limits(_queue_name(queue), wanted, self.actor)
 
     async def queue_events(
         self, queue: str, *, after: int = 0, limit: int | None = None
@@ -530,7 +530,7 @@ class Client:
         """The queue's audit log (who paused and resumed it), oldest first, after the entry
         whose `event_id` is `after`, `limit` entries at most (None: all)."""
         _check_page(after, limit)
-        return await self._admin.queue_events(limits.check_name(queue), after, limit)
+        return await self._admin.queue_events(_queue_name(queue), after, limit)
 
     async def cancel_many(self, *, limit: int = 1000, **where: Any) -> BulkResult:
         """Cancel the jobs matching every filter given (those of `list`: queue, status, task,
@@ -749,13 +749,19 @@ def _status(value: JobStatus | str) -> JobStatus:
         raise ValueError(f"status must be one of {known}, not {value!r}") from None
 
 
+#: The longest delay of a job (beyond, its start would leave the calendar).
+MAX_DELAY: Final = timedelta(seconds=limits.SECONDS_MAX)
+
+
 def _when(value: object) -> tuple[datetime | None, timedelta | None]:
     """`available_at` as NewJob takes it: (an instant, None) or (None, a delay)."""
     if value is None or isinstance(value, datetime):
         return value, None
     if isinstance(value, timedelta):
-        if value < timedelta(0):
-            raise InvalidJob("available_at", f"a delay must be 0 or more, not {value}")
+        if not timedelta(0) <= value <= MAX_DELAY:
+            raise InvalidJob(
+                "available_at", f"a delay must be from 0 to {MAX_DELAY.days} days, not {value}"
+            )
         return None, value
     raise InvalidJob(
         "available_at", f"must be a datetime or a timedelta, not {type(value).__name__}"
@@ -802,6 +808,14 @@ def _check_page(after: int, limit: int | None) -> None:
             raise ValueError(f"{name} must be an integer, not {value!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
+
+
+def _queue_name(value: object) -> str:
+    """`value` if it can name a queue; else ValueError naming the argument."""
+    try:
+        return limits.check_name(value)
+    except ValueError as exc:
+        raise ValueError(f"queue: {exc}") from None
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

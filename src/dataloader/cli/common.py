@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, NoReturn, TypeVar
 import typer
 
 from dataloader.client import Client
-from dataloader.config import Settings, env_name, load_settings
+from dataloader.config import Settings, env_name, load_settings, unread_variables
 from dataloader.context import resolve_dsn
 from dataloader.core import limits
 from dataloader.exceptions import (
@@ -105,7 +105,10 @@ def seconds(value: float | None) -> float | None:
 
 
 def load(**overrides: Any) -> Settings:
-    """The settings; a bad value ends the command (exit 2) with one line naming it."""
+    """The settings; a bad value ends the command (exit 2) with one line naming it. A
+    variable named like a setting that none reads gets a line of warning."""
+    for warning in unread_variables():
+        say(f"warning: {warning}")
     try:
         return load_settings(**overrides)
     except ConfigError as exc:

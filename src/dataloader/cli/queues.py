@@ -23,10 +23,25 @@ from dataloader.cli.common import (
 from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.client import Client
 from dataloader.config import Settings
+from dataloader.core.limits import check_name
 from dataloader.core.models import QueueStats
-from dataloader.core.queues import QueueSettings
+from dataloader.core.queues import QueueLimits, QueueSettings
 
-QueueArgument = Annotated[str, typer.Argument(metavar="QUEUE", help="The queue's name.")]
+
+def _name(value: str) -> str:
+    """A queue's name given as an argument (its callback): refused as click refuses values."""
+    try:
+        return check_name(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+#: Queues a refusal of an unknown queue names, at most.
+SHOWN_QUEUES: Final = 20
+
+QueueArgument = Annotated[
+    str, typer.Argument(metavar="QUEUE", callback=_name, help="The queue's name.")
+]
 
 
 def queues(
@@ -115,13 +130,51 @@ def _paused(paused: bool, by: str | None) -> Text:
 
 
 def pause(
-    queue: QueueArgument, actor: ActorOption = CLI_ACTOR, as_json: JsonOption = False
+    queue: QueueArgument,
+    create: Annotated[
+        bool,
+        typer.Option("--create", help="Pause a queue nothing knows yet, ahead of its first job."),
+    ] = False,
+    actor: ActorOption = CLI_ACTOR,
+    as_json: JsonOption = False,
 ) -> None:
     """Pause a queue: no worker of any process claims its jobs until it is resumed.
 
     Running jobs finish, and jobs are still enqueued. Recorded in the queue's audit log with
-    the actor (`cli`, or --as). Prints the queue's settings after."""
-    run(_steer(operator_settings(), actor, lambda client: client.pause(queue), as_json))
+    the actor (`cli`, or --as). Prints the queue's settings after. A queue nothing knows (no
+    job, no live process serving it, no limit, no audit entry) is refused as a likely typo
+    (exit 2): --create pauses it all the same, ahead of its first job."""
+
+    async def known_first(client: Client) -> QueueSettings:
+        if not create:
+            await _check_known(client, queue)
+        return await client.pause(queue)
+
+    run(_steer(operator_settings(), actor, known_first, as_json))
+
+
+async def _check_known(client: Client, queue: str) -> None:
+    """ValueError unless something knows `queue`: a job of it (in any state), a live process
+    serving it, a setting (paused, limits) or an entry of its audit log. A pause of a name
+    nothing knows would stop nothing, silently: most likely a typo."""
+    stats = (await client.stats(queue))[queue]
+    if (
+        stats.total
+        or stats.failed
+        or stats.lost
+        or stats.workers
+        or stats.paused
+        or stats.limits != QueueLimits()
+        or (await client.list(queue=queue, limit=1)).jobs
+        or await client.queue_events(queue, limit=1)
+    ):
+        return
+    in_use = sorted(await client.stats())
+    shown = f"queues in use: {', '.join(in_use[:SHOWN_QUEUES])}" if in_use else "no queue is in use"
+    raise ValueError(
+        f"queue {queue!r} is unknown: no job, live process, limit or audit entry names it"
+        f" ({shown}); pass --create to pause it ahead of its first job"
+    )
 
 
 def resume(
