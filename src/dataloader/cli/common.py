@@ -72,11 +72,25 @@ JsonOption = Annotated[
     ),
 ]
 JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
+
+
+def checked_name(value: str | None) -> str | None:
+    """A name given as an argument or an option (a queue, an actor; its callback): refused
+    as click refuses a bad value, naming the argument."""
+    if value is None:
+        return None
+    try:
+        return limits.check_name(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 ActorOption = Annotated[
     str,
     typer.Option(
         "--as",
         metavar="NAME",
+        callback=checked_name,
         help="Who the job's journal or the queue's audit log names as having done it.",
     ),
 ]

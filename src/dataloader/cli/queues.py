@@ -15,6 +15,7 @@ from dataloader.cli.common import (
     ExitCode,
     JsonOption,
     acting,
+    checked_name,
     connected,
     fail,
     operator_settings,
@@ -23,24 +24,14 @@ from dataloader.cli.common import (
 from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.client import Client
 from dataloader.config import Settings
-from dataloader.core.limits import check_name
 from dataloader.core.models import QueueStats
 from dataloader.core.queues import QueueLimits, QueueSettings
-
-
-def _name(value: str) -> str:
-    """A queue's name given as an argument (its callback): refused as click refuses values."""
-    try:
-        return check_name(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
 
 #: Queues a refusal of an unknown queue names, at most.
 SHOWN_QUEUES: Final = 20
 
 QueueArgument = Annotated[
-    str, typer.Argument(metavar="QUEUE", callback=_name, help="The queue's name.")
+    str, typer.Argument(metavar="QUEUE", callback=checked_name, help="The queue's name.")
 ]
 
 
