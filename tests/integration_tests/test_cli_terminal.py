@@ -5,7 +5,6 @@ progress of `enqueue --wait`, with --json and without."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pty
 import re
@@ -263,13 +262,3 @@ async def test_enqueue_wait_draws_a_progress_bar_in_a_terminal(
     assert "━" in drawn  # Rich's bar
     assert "100%" in drawn
     assert "succeeded" in drawn
-
-
-async def test_the_list_shows_progress_and_due_as_json_too(cli: Cli, client: Client) -> None:
-    job = await client.enqueue(
-        "demo.noop", queue="etl", lock_key="k", available_at=timedelta(minutes=5)
-    )
-    listed = (await cli.json("jobs"))["jobs"]
-    assert [(j["job_id"], j["progress"]) for j in listed] == [(str(job.job_id), {})]
-    assert listed[0]["available_at"] > listed[0]["created_at"]
-    assert json.dumps(listed)  # plain JSON
