@@ -749,19 +749,13 @@ def _status(value: JobStatus | str) -> JobStatus:
         raise ValueError(f"status must be one of {known}, not {value!r}") from None
 
 
-#: The longest delay of a job (beyond, its start would leave the calendar).
-MAX_DELAY: Final = timedelta(seconds=limits.SECONDS_MAX)
-
-
 def _when(value: object) -> tuple[datetime | None, timedelta | None]:
     """`available_at` as NewJob takes it: (an instant, None) or (None, a delay)."""
     if value is None or isinstance(value, datetime):
         return value, None
     if isinstance(value, timedelta):
-        if not timedelta(0) <= value <= MAX_DELAY:
-            raise InvalidJob(
-                "available_at", f"a delay must be from 0 to {MAX_DELAY.days} days, not {value}"
-            )
+        if value < timedelta(0):
+            raise InvalidJob("available_at", f"a delay must be 0 or more, not {value}")
         return None, value
     raise InvalidJob(
         "available_at", f"must be a datetime or a timedelta, not {type(value).__name__}"

@@ -31,13 +31,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dataloader.core.cron import check_schedule, check_timezone
-from dataloader.core.limits import (
-    BATCH_SIZE_MAX,
-    SECONDS_MAX,
-    check_args,
-    check_key,
-    check_name,
-)
+from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_name
+from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
@@ -325,23 +320,23 @@ class Settings(BaseSettings):
     prune_succeeded_after_sec: float = Field(
         default=7 * 86_400,
         ge=0,
-        le=SECONDS_MAX,
+        le=MAX_DELAY_SEC,
         description="Succeeded jobs (and their journals) are deleted this long after they"
         " ended; 0: kept forever.",
     )
     prune_canceled_after_sec: float = Field(
-        default=7 * 86_400, ge=0, le=SECONDS_MAX, description="The same for canceled jobs."
+        default=7 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for canceled jobs."
     )
     prune_failed_after_sec: float = Field(
-        default=30 * 86_400, ge=0, le=SECONDS_MAX, description="The same for failed jobs."
+        default=30 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for failed jobs."
     )
     prune_lost_after_sec: float = Field(
-        default=30 * 86_400, ge=0, le=SECONDS_MAX, description="The same for lost jobs."
+        default=30 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for lost jobs."
     )
     prune_heartbeats_after_sec: float = Field(
         default=86_400,
         ge=0,
-        le=SECONDS_MAX,
+        le=MAX_DELAY_SEC,
         description="Heartbeat entries of the journal are deleted after this, whatever their"
         " job's state (a long job writes many); 0: kept with their job.",
     )

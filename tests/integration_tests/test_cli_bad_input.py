@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -77,13 +76,6 @@ async def test_enqueue_refuses_bad_input_in_one_line_with_exit_2(
     result = await cli("enqueue", "demo.noop", "--queue", "q", "--lock-key", "k", *args)
     assert named in refused(result)
     assert await written(conn) == 0
-
-
-async def test_a_delay_beyond_the_calendar_is_refused_by_the_library(client: Client) -> None:
-    with pytest.raises(ValueError, match="available_at: a delay must be from 0 to 36500 days"):
-        await client.enqueue(
-            "demo.noop", queue="q", lock_key="k", available_at=timedelta(days=10**6)
-        )
 
 
 async def test_a_usage_error_is_one_line_that_names_the_command(cli: Cli) -> None:

@@ -17,6 +17,7 @@ from dataloader.client import Client
 from dataloader.config import Settings, env_name, load_settings, unread_variables
 from dataloader.context import resolve_dsn
 from dataloader.core import limits
+from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import (
     ConfigError,
     DatabaseUnavailable,
@@ -109,11 +110,10 @@ def fail(message: str, code: int) -> NoReturn:
 
 def seconds(value: float | None) -> float | None:
     """A length of time given in seconds (an option's callback): a finite number from 0 to
-    SECONDS_MAX (click's own range check lets NaN and infinity through)."""
-    if value is not None and not 0 <= value <= limits.SECONDS_MAX:  # False for NaN
+    MAX_DELAY_SEC (click's own range check lets NaN and infinity through)."""
+    if value is not None and not 0 <= value <= MAX_DELAY_SEC:  # False for NaN
         raise typer.BadParameter(
-            f"must be a number of seconds from 0 to {limits.SECONDS_MAX:,} (a century),"
-            f" not {value:g}"
+            f"must be a number of seconds from 0 to {MAX_DELAY_SEC:,.0f} (ten years), not {value:g}"
         )
     return value
 

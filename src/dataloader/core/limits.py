@@ -39,11 +39,6 @@ NAME_MAX_CHARS: Final = NAME_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 200
 IDEMPOTENCY_KEY_MAX_CHARS: Final = IDEMPOTENCY_KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 600
 KEY_MAX_CHARS: Final = KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 1000
 
-#: The longest delay, wait or retention accepted, in seconds: a century. PostgreSQL's calendar
-#: starts in 4713 BC and Python's ends in 9999, so a length of 10^12 s (31,700 years) puts an
-#: instant outside either.
-SECONDS_MAX: Final = 100 * 365 * 86_400
-
 #: int columns of the spec's DDL are 32-bit.
 INT32_MAX: Final = 2_147_483_647
 PRIORITY_MIN, PRIORITY_MAX = 0, INT32_MAX
