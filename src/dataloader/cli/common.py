@@ -73,6 +73,9 @@ JsonOption = Annotated[
     ),
 ]
 JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
+HeartbeatsOption = Annotated[
+    bool, typer.Option("--heartbeats", help="Show the journal's heartbeat entries too.")
+]
 
 
 def checked_name(value: str | None) -> str | None:

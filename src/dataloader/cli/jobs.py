@@ -18,6 +18,7 @@ from dataloader.cli.common import (
     CLI_ACTOR,
     ActorOption,
     ExitCode,
+    HeartbeatsOption,
     JobIdArgument,
     JsonOption,
     acting,
@@ -282,9 +283,7 @@ def _show_page(page: JobPage) -> None:
 
 def show(
     job_id: JobIdArgument,
-    heartbeats: Annotated[
-        bool, typer.Option("--heartbeats", help="Show the journal's heartbeat entries too.")
-    ] = False,
+    heartbeats: HeartbeatsOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Show a job whole: every field, its result or its error (in full), and its journal.
@@ -332,17 +331,43 @@ BulkLimit = Annotated[
 ]
 
 
-def cancel(
-    job_id: OptionalJobId = None,
-    queue: QueueFilter = None,
-    status: StatusFilter = None,
-    task: TaskFilter = None,
-    lock_key: LockKeyFilter = None,
-    partition_key: PartitionKeyFilter = None,
-    limit: BulkLimit = None,
-    actor: ActorOption = CLI_ACTOR,
-    as_json: JsonOption = False,
-) -> None:
+def _job_change(
+    name: str,
+    done: str,
+    one: Callable[[Client, str], Awaitable[JobState]],
+    many: Callable[..., Awaitable[BulkResult]],
+    doc: str,
+) -> Callable[..., None]:
+    """The command `name` (cancel, retry): `one` makes the change to the job a JOB_ID names,
+    `many` to the jobs that filters match (`done`: what it did to each, for the summary)."""
+
+    def command(
+        job_id: OptionalJobId = None,
+        queue: QueueFilter = None,
+        status: StatusFilter = None,
+        task: TaskFilter = None,
+        lock_key: LockKeyFilter = None,
+        partition_key: PartitionKeyFilter = None,
+        limit: BulkLimit = None,
+        actor: ActorOption = CLI_ACTOR,
+        as_json: JsonOption = False,
+    ) -> None:
+        filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, limit)
+        settings = operator_settings()
+        if job_id is not None:
+            run(_change(settings, actor, lambda client: one(client, job_id), as_json))
+        run(_bulk(settings, actor, done, lambda client: many(client, **filters), as_json))
+
+    command.__name__ = command.__qualname__ = name
+    command.__doc__ = doc
+    return command
+
+
+cancel = _job_change(
+    "cancel",
+    "canceled",
+    Client.cancel,
+    Client.cancel_many,
     """Cancel a job and print its state after; or, with filters instead of a JOB_ID, the
     jobs that match them all.
 
@@ -350,25 +375,14 @@ def cancel(
     next check); a finished one is left as it is. The journal names the actor (`cli`, or
     --as). With filters (at least one: a cancel of every job is not offered), newest first,
     --limit at most, as `POST /api/v1/jobs/cancel`: prints the jobs matched, those changed,
-    and whether more match (run it again to go on)."""
-    filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, limit)
-    settings = operator_settings()
-    if job_id is not None:
-        run(_change(settings, actor, lambda client: client.cancel(job_id), as_json))
-    run(_bulk(settings, actor, "canceled", lambda c: c.cancel_many(**filters), as_json))
+    and whether more match (run it again to go on).""",
+)
 
-
-def retry(
-    job_id: OptionalJobId = None,
-    queue: QueueFilter = None,
-    status: StatusFilter = None,
-    task: TaskFilter = None,
-    lock_key: LockKeyFilter = None,
-    partition_key: PartitionKeyFilter = None,
-    limit: BulkLimit = None,
-    actor: ActorOption = CLI_ACTOR,
-    as_json: JsonOption = False,
-) -> None:
+retry = _job_change(
+    "retry",
+    "retried",
+    Client.retry,
+    Client.retry_many,
     """Send a failed, lost or canceled job back to its queue, and print its state after; or,
     with filters instead of a JOB_ID, those among the jobs that match them all.
 
@@ -376,12 +390,8 @@ def retry(
     the actor (`cli`, or --as). A job in another state cannot be retried: exit 1. With
     filters (at least one), newest first, --limit at most, as `POST /api/v1/jobs/retry`: the
     jobs in other states are skipped; prints the jobs matched, those retried, and whether
-    more match (run it again to go on)."""
-    filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, limit)
-    settings = operator_settings()
-    if job_id is not None:
-        run(_change(settings, actor, lambda client: client.retry(job_id), as_json))
-    run(_bulk(settings, actor, "retried", lambda c: c.retry_many(**filters), as_json))
+    more match (run it again to go on).""",
+)
 
 
 def _bulk_filters(

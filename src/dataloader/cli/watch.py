@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import asdict
-from typing import Annotated, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -26,6 +25,7 @@ from rich.text import Text
 from dataloader.base import JobStatus
 from dataloader.cli.common import (
     ExitCode,
+    HeartbeatsOption,
     JobIdArgument,
     JsonOption,
     connected,
@@ -56,9 +56,7 @@ BAR_FIELDS: Final = frozenset({"done", "total", "percent"})
 
 def watch(
     job_id: JobIdArgument,
-    heartbeats: Annotated[
-        bool, typer.Option("--heartbeats", help="Show the journal's heartbeat entries too.")
-    ] = False,
+    heartbeats: HeartbeatsOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Follow a job until it ends: a progress bar, its journal, then its final state.
