@@ -156,7 +156,7 @@ class Client:
         program): triggers, cancels, retries, pauses and resumes name it in the job's journal
         or the queue's audit log. It shares this client's connections; closing it closes
         nothing."""
-        actor = limits.check_name(actor)
+        actor = _name("actor", actor)
         origin = self._origin or self
         view = origin._actors.get(actor)
         if view is None:
@@ -510,12 +510,12 @@ class Client:
         """Pause `queue`: from now on no worker of any process claims its jobs (those
         running finish; triggers are still accepted). Recorded in the queue's audit log with
         this client's actor; pausing a paused queue changes nothing. Its settings after."""
-        return await self._admin.pause(limits.check_name(queue), self.actor)
+        return await self._admin.pause(_name("queue", queue), self.actor)
 
     async def resume(self, queue: str) -> QueueSettings:
         """Resume a paused `queue` and wake the workers that serve it (audited like
         `pause`); resuming a queue that is not paused changes nothing."""
-        return await self._admin.resume(limits.check_name(queue), self.actor)
+        return await self._admin.resume(_name("queue", queue), self.actor)
 
     async def set_limits(
         self,
@@ -531,7 +531,7 @@ class Client:
         transaction-level advisory lock), so the limits hold exactly; a queue without limits
         costs nothing of this. Audited like `pause`; ValueError for a bad value."""
         wanted = QueueLimits(max_running, max_running_per_partition, max_per_second)
-        return await self._admin.set_limits(limits.check_name(queue), wanted, self.actor)
+        return await self._admin.set_limits(_name("queue", queue), wanted, self.actor)
 
     async def queue_events(
         self, queue: str, *, after: int = 0, limit: int | None = None
@@ -539,7 +539,7 @@ class Client:
         """The queue's audit log (who paused and resumed it), oldest first, after the entry
         whose `event_id` is `after`, `limit` entries at most (None: all)."""
         _check_page(after, limit)
-        return await self._admin.queue_events(limits.check_name(queue), after, limit)
+        return await self._admin.queue_events(_name("queue", queue), after, limit)
 
     async def cancel_many(self, *, limit: int = 1000, **where: Any) -> BulkResult:
         """Cancel the jobs matching every filter given (those of `list`: queue, status, task,
@@ -800,6 +800,15 @@ def _check_page(after: int, limit: int | None) -> None:
             raise ValueError(f"{name} must be an integer, not {value!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
+
+
+def _name(argument: str, value: object) -> str:
+    """`value` if it can be a name (of a queue, an actor); else ValueError naming
+    `argument`."""
+    try:
+        return limits.check_name(value)
+    except ValueError as exc:
+        raise ValueError(f"{argument}: {exc}") from None
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

@@ -6,14 +6,17 @@ Every variable of the spec (§8) keeps its name; ours start with `DL_` too. A ba
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
+import os
 import re
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
+from dotenv import dotenv_values
 from pydantic import (
     AfterValidator,
     AliasChoices,
@@ -29,6 +32,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dataloader.core.cron import check_schedule, check_timezone
 from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_name
+from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import ConfigError
 
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
@@ -318,21 +322,23 @@ class Settings(BaseSettings):
     prune_succeeded_after_sec: float = Field(
         default=7 * 86_400,
         ge=0,
+        le=MAX_DELAY_SEC,
         description="Succeeded jobs (and their journals) are deleted this long after they"
         " ended; 0: kept forever.",
     )
     prune_canceled_after_sec: float = Field(
-        default=7 * 86_400, ge=0, description="The same for canceled jobs."
+        default=7 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for canceled jobs."
     )
     prune_failed_after_sec: float = Field(
-        default=30 * 86_400, ge=0, description="The same for failed jobs."
+        default=30 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for failed jobs."
     )
     prune_lost_after_sec: float = Field(
-        default=30 * 86_400, ge=0, description="The same for lost jobs."
+        default=30 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for lost jobs."
     )
     prune_heartbeats_after_sec: float = Field(
         default=86_400,
         ge=0,
+        le=MAX_DELAY_SEC,
         description="Heartbeat entries of the journal are deleted after this, whatever their"
         " job's state (a long job writes many); 0: kept with their job.",
     )
@@ -377,6 +383,8 @@ class Settings(BaseSettings):
     @field_validator("cron", mode="before")
     @classmethod
     def _parse_cron(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():  # DL_CRON= : the default, none
+            return []
         example = '[{"name": "nightly", "schedule": "0 3 * * *", "task": "t", "queue": "q"}]'
         return _json_list(value, example)
 
@@ -465,6 +473,24 @@ def env_name(field: str) -> str:
     if field in ("workers", "WORKERS_JSON"):
         return "WORKERS_JSON"
     return f"DL_{field.upper()}"
+
+
+def unread_variables() -> list[str]:
+    """A line for each variable of the environment or `.env` named like a setting (DL_…)
+    that no setting reads (a typo, most likely: it would be ignored without a word), naming
+    the setting's variable closest to it."""
+    known = {env_name(name) for name in Settings.model_fields}
+    env_file = Path(str(Settings.model_config.get("env_file")))
+    found = {*os.environ, *(dotenv_values(env_file) if env_file.is_file() else {})}
+    lines = []
+    for name in sorted(found):
+        variable = name.upper()
+        if not variable.startswith("DL_") or variable in known:
+            continue
+        closest = difflib.get_close_matches(variable, sorted(known), n=1)
+        hint = f" (did you mean {closest[0]}?)" if closest else ""
+        lines.append(f"{name} is not a setting: it is ignored{hint}")
+    return lines
 
 
 def load_settings(**overrides: Any) -> Settings:

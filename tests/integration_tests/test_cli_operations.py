@@ -162,7 +162,7 @@ async def test_enqueue_refuses_invalid_input_in_one_line(
     cli: Cli, conn: asyncpg.Connection, args: list[str], reason: str
 ) -> None:
     result = await cli("enqueue", *args, "--lock-key", "k", "--json")
-    assert reason in failed_in_one_line(result, 1)
+    assert reason in failed_in_one_line(result, 2)
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
 
 
@@ -292,7 +292,7 @@ async def test_jobs_takes_filters(cli: Cli, client: Client) -> None:
 
 
 async def test_a_cursor_that_no_list_made_is_one_line(cli: Cli) -> None:
-    assert "cursor" in failed_in_one_line(await cli("jobs", "--cursor", "garbage"), 1)
+    assert "cursor" in failed_in_one_line(await cli("jobs", "--cursor", "garbage"), 2)
 
 
 # --- cancel and retry -----------------------------------------------------------------------------
@@ -408,6 +408,7 @@ async def test_queues_shows_what_each_queue_holds(cli: Cli, client: Client) -> N
 async def test_pause_and_resume_print_the_settings_and_audit_the_cli(
     cli: Cli, client: Client
 ) -> None:
+    await client.enqueue("demo.noop", queue="etl", lock_key="k")
     paused = await cli.json("pause", "etl")
     assert (paused["queue"], paused["paused"], paused["changed_by"]) == ("etl", True, "cli")
     resumed = await cli("resume", "etl", "--as", "cli:alice")
@@ -444,7 +445,8 @@ async def test_limits_are_set_and_removed(cli: Cli, client: Client) -> None:
 
 
 async def test_an_invalid_actor_is_one_line(cli: Cli) -> None:
-    assert "200" in failed_in_one_line(await cli("pause", "etl", "--as", "x" * 201), 1)
+    line = failed_in_one_line(await cli("pause", "etl", "--as", "x" * 201), 2)
+    assert "Invalid value for '--as': must be at most 200 characters" in line
 
 
 # --- status ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataloader.config import CronSpec
 from dataloader.core.cron import idempotency_key
 from dataloader.maintenance.cron import CronScheduler, CronSchedulesFailed
 from dataloader.maintenance.leader import MAINTENANCE_LEASE, Leadership
-from dataloader.maintenance.pruner import Pruner, Retention
+from dataloader.maintenance.pruner import PruneIncomplete, Pruner, Retention
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.workers.job_context import JobContext
@@ -158,6 +158,25 @@ async def test_the_pruner_deletes_only_finished_jobs_past_their_status_age(
     )
     assert orphans == 0  # the journals went with their jobs
     assert (await pruner.prune())["succeeded"] == 0
+
+
+async def test_a_part_of_the_prune_that_fails_keeps_no_other_from_running(
+    store: MaintenanceStore, conn: asyncpg.Connection
+) -> None:
+    """A retention the settings refuse (beyond the calendar: PostgreSQL cannot subtract it
+    from now), given to the pruner all the same: its status fails, the others are pruned."""
+    old = {s: await _job(conn, s, 2 * DAY) for s in ("succeeded", "canceled", "failed", "lost")}
+    retention = Retention(
+        succeeded_sec=1e12, canceled_sec=DAY, failed_sec=DAY, lost_sec=DAY, heartbeats_sec=DAY
+    )
+    with pytest.raises(PruneIncomplete) as raised:
+        await Pruner(store, retention, batch_size=10).prune()
+    assert list(raised.value.failed) == ["succeeded"]
+    assert raised.value.deleted == {
+        "canceled": 1, "failed": 1, "lost": 1, "heartbeats": 0, "throughput": 0,
+    }  # fmt: skip
+    assert "pruning failed for succeeded" in str(raised.value)
+    assert await _present(conn, old.values()) == {old["succeeded"]}
 
 
 async def test_heartbeat_entries_and_throughput_buckets_are_pruned_by_age(

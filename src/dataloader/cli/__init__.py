@@ -2,7 +2,7 @@
 
 * `service.py`: `serve` (the default when no command is given), `worker`, `migrate`;
 * `contracts.py`: `contract export | check | generate` (queue contracts);
-* `jobs.py`, `watch.py`: `enqueue`, `jobs`, `cancel`, `retry`, `watch`;
+* `jobs.py`, `watch.py`: `enqueue`, `jobs`, `show`, `cancel`, `retry`, `watch`;
 * `queues.py`: `queues`, `pause`, `resume`, `limits`;
 * `status.py`, `maintenance.py`: `status`, `prune`.
 
@@ -23,7 +23,7 @@ from typing import NoReturn
 import typer
 
 from dataloader.cli import jobs, maintenance, queues, service, status, watch
-from dataloader.cli.common import BUILTIN_PIPELINES, ExitCode, import_pipelines
+from dataloader.cli.common import BUILTIN_PIPELINES, ExitCode, import_pipelines, say
 from dataloader.cli.contracts import contract_app
 
 __all__ = ["BUILTIN_PIPELINES", "ExitCode", "app", "import_pipelines", "main"]
@@ -69,6 +69,7 @@ app.command(rich_help_panel=_SERVICE)(service.migrate)
 app.add_typer(contract_app, name="contract", rich_help_panel=_SERVICE)
 app.command(rich_help_panel=_JOBS)(jobs.enqueue)
 app.command(rich_help_panel=_JOBS)(jobs.jobs)
+app.command(rich_help_panel=_JOBS)(jobs.show)
 app.command(rich_help_panel=_JOBS)(watch.watch)
 app.command(rich_help_panel=_JOBS)(jobs.cancel)
 app.command(rich_help_panel=_JOBS)(jobs.retry)
@@ -82,10 +83,20 @@ app.command(rich_help_panel=_SYSTEM)(maintenance.prune)
 
 def main() -> None:
     """Entry point of the `dataloader` script and of `python -m dataloader` (click names the
-    program in usage lines after the way it was started)."""
+    program in usage lines after the way it was started). A usage error is one line, as
+    every other refusal of the commands is, not click's framed panel."""
     _find_modules_in_working_directory()
     signal.signal(signal.SIGTERM, _terminated)
-    app()
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # a usage error (exit 2), or Typer's own failure
+        ctx = getattr(exc, "ctx", None)  # a usage error's: the command it was made to
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        say(" ".join(exc.format_message().split()) + where)
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        raise SystemExit(ExitCode.INTERRUPTED) from None
+    raise SystemExit(code if isinstance(code, int) else ExitCode.OK)
 
 
 def _terminated(signum: int, frame: FrameType | None) -> NoReturn:

@@ -15,9 +15,19 @@ from typing import Annotated, Any, Final, NoReturn, TypeVar
 import typer
 
 from dataloader.client import Client
-from dataloader.config import Settings, env_name, load_settings
+from dataloader.config import Settings, env_name, load_settings, unread_variables
 from dataloader.context import resolve_dsn
-from dataloader.exceptions import ConfigError, DatabaseUnavailable, DataloaderError
+from dataloader.core import limits
+from dataloader.core.retry import MAX_DELAY_SEC
+from dataloader.exceptions import (
+    ConfigError,
+    DatabaseUnavailable,
+    DataloaderError,
+    InvalidJob,
+    InvalidJobArgs,
+    JobNotFound,
+    NotRetryable,
+)
 from dataloader.logger.utils import mask_text
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
@@ -38,11 +48,13 @@ class ExitCode(IntEnum):
     """What the exit status of a command means (documented in the README)."""
 
     OK = 0
-    #: The request failed: no such job, a job that cannot be retried, invalid input, a
-    #: database without dataloader's schema (and every start-up failure of serve, worker and
-    #: migrate, which predate the codes below).
+    #: The request failed: no such job, a job that cannot be retried, a task no live process
+    #: knows, a database without dataloader's schema (and every start-up failure of serve,
+    #: worker and migrate, which predate the codes below).
     REQUEST = 1
-    #: A usage error (Typer's: an unknown option, a missing argument) or an invalid setting.
+    #: Bad input, refused before anything is written: a usage error (an unknown option, a
+    #: missing argument), a value out of bounds (of an option, an argument, a job's field) or
+    #: an invalid setting.
     USAGE = 2
     #: The database cannot be reached, or stopped answering.
     DATABASE = 3
@@ -63,24 +75,60 @@ JsonOption = Annotated[
         help="Print one JSON document on stdout (dates in ISO 8601) instead of tables.",
     ),
 ]
+JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
+HeartbeatsOption = Annotated[
+    bool, typer.Option("--heartbeats", help="Show the journal's heartbeat entries too.")
+]
+
+
+def checked_name(value: str | None) -> str | None:
+    """A name given as an argument or an option (a queue, an actor; its callback): refused
+    as click refuses a bad value, naming the argument."""
+    if value is None:
+        return None
+    try:
+        return limits.check_name(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 ActorOption = Annotated[
     str,
     typer.Option(
         "--as",
         metavar="NAME",
+        callback=checked_name,
         help="Who the job's journal or the queue's audit log names as having done it.",
     ),
 ]
 
 
+def say(message: str) -> None:
+    """One line on stderr, secrets masked: an error or a warning."""
+    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+
+
 def fail(message: str, code: int) -> NoReturn:
     """End the command: one line on stderr (secrets masked) and exit `code`."""
-    typer.echo(f"dataloader: {mask_text(message)}", err=True)
+    say(message)
     raise typer.Exit(code)
 
 
+def seconds(value: float | None) -> float | None:
+    """A length of time given in seconds (an option's callback): a finite number from 0 to
+    MAX_DELAY_SEC (click's own range check lets NaN and infinity through)."""
+    if value is not None and not 0 <= value <= MAX_DELAY_SEC:  # False for NaN
+        raise typer.BadParameter(
+            f"must be a number of seconds from 0 to {MAX_DELAY_SEC:,.0f} (ten years), not {value:g}"
+        )
+    return value
+
+
 def load(**overrides: Any) -> Settings:
-    """The settings; a bad value ends the command (exit 2) with one line naming it."""
+    """The settings; a bad value ends the command (exit 2) with one line naming it. A
+    variable named like a setting that none reads gets a line of warning."""
+    for warning in unread_variables():
+        say(f"warning: {warning}")
     try:
         return load_settings(**overrides)
     except ConfigError as exc:
@@ -120,7 +168,11 @@ def run(operation: Coroutine[Any, Any, int]) -> NoReturn:
         fail(str(exc), ExitCode.DATABASE)
     except db.CONNECTION_ERRORS as exc:  # lost (or silent) after the connection was made
         fail(f"the database stopped answering: {_line(exc)}", ExitCode.DATABASE)
-    except (DataloaderError, ValueError) as exc:  # the library's refusals of a request
+    except (JobNotFound, NotRetryable) as exc:  # a request that names the wrong job
+        fail(str(exc), ExitCode.REQUEST)
+    except (InvalidJob, InvalidJobArgs, ValueError) as exc:  # bad input: nothing was written
+        fail(_line(exc), ExitCode.USAGE)
+    except DataloaderError as exc:  # the library's other refusals of a request
         fail(str(exc), ExitCode.REQUEST)
     raise typer.Exit(code)
 

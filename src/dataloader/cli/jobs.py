@@ -1,5 +1,6 @@
-"""Jobs: `enqueue`, `jobs` (the list), `cancel` and `retry`, through `dataloader.Client` (the
-same rules as the library and the HTTP API). `watch` is in `watch.py`."""
+"""Jobs: `enqueue`, `jobs` (the list), `show`, and `cancel` and `retry` of one job or of the
+jobs a filter matches, through `dataloader.Client` (the same rules as the library and the HTTP
+API). `watch` is in `watch.py`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.text import Text
@@ -17,6 +18,8 @@ from dataloader.cli.common import (
     CLI_ACTOR,
     ActorOption,
     ExitCode,
+    HeartbeatsOption,
+    JobIdArgument,
     JsonOption,
     acting,
     connected,
@@ -25,25 +28,30 @@ from dataloader.cli.common import (
     inspected,
     operator_settings,
     run,
+    seconds,
 )
 from dataloader.cli.output import (
+    Col,
     cell,
     console,
+    due,
+    event_line,
     job_details,
     print_json,
+    progress_text,
     status_text,
     table,
 )
-from dataloader.client import Client
+from dataloader.cli.watch import follow, view_for
+from dataloader.client import MAX_BULK, Client
 from dataloader.config import Settings
+from dataloader.core.limits import ARGS_MAX_DEPTH
 from dataloader.core.models import EnqueueResult, JobState
 from dataloader.core.routing import check_route
-from dataloader.exceptions import ConfigError, InvalidJob
+from dataloader.exceptions import ConfigError, InvalidJob, JobNotFound
 from dataloader.storage.presence import PresenceStore
-from dataloader.storage.repositories import JobPage
+from dataloader.storage.repositories import BulkResult, JobPage
 from dataloader.workers.pipelines.registry import registry as default_registry
-
-JobIdArgument = Annotated[str, typer.Argument(metavar="JOB_ID", help="The job's id.")]
 
 
 def enqueue(
@@ -63,7 +71,8 @@ def enqueue(
     partition_key: Annotated[str, typer.Option(help="A key to find the job by later.")] = "",
     priority: Annotated[int | None, typer.Option(help="Lower runs first (default 100).")] = None,
     delay: Annotated[
-        float | None, typer.Option(min=0, metavar="SEC", help="Start no earlier than this.")
+        float | None,
+        typer.Option(metavar="SEC", callback=seconds, help="Start no earlier than this."),
     ] = None,
     max_attempts: Annotated[int | None, typer.Option(help="Attempts before it fails.")] = None,
     wait: Annotated[
@@ -71,7 +80,9 @@ def enqueue(
     ] = False,
     timeout: Annotated[
         float | None,
-        typer.Option(min=0, metavar="SEC", help="With --wait: give up after this long (exit 5)."),
+        typer.Option(
+            metavar="SEC", callback=seconds, help="With --wait: give up after this long (exit 5)."
+        ),
     ] = None,
     actor: ActorOption = CLI_ACTOR,
     as_json: JsonOption = False,
@@ -83,16 +94,22 @@ def enqueue(
     settings. Refused, as over HTTP: a queue other than the one the task's definition names,
     and a TASK that neither DL_PIPELINE_MODULES registers nor any live process knows while
     live processes serve the queue (they would fail it; DL_ALLOW_UNKNOWN_TASKS=true accepts
-    it); a TASK nobody knows on a queue nobody serves waits for its workers. With --wait: the job's
-    final state, and exit 4 if it ended failed, canceled or lost (5 if --timeout ran out
-    first)."""
+    it); a TASK nobody knows on a queue nobody serves waits for its workers. With --wait: the
+    job's progress as it runs (a bar on a terminal, a line per change on a pipe; with --json
+    only the final state), its final state, and exit 4 if it ended failed, canceled or lost
+    (5 if --timeout ran out first)."""
     settings = operator_settings()
     try:
         import_pipelines(settings.pipeline_modules)
     except ConfigError as exc:
         fail(f"invalid configuration: {exc}", ExitCode.USAGE)
+    try:
+        parsed = _json_object(args)
+    except InvalidJob as exc:
+        fail(str(exc), ExitCode.USAGE)
     job = {
         "task": task,
+        "args": parsed,
         "lock_key": lock_key,
         "queue": queue,
         "idempotency_key": idempotency_key,
@@ -101,13 +118,12 @@ def enqueue(
         "available_at": None if delay is None else timedelta(seconds=delay),
         "max_attempts": max_attempts,
     }
-    run(_enqueue(settings, actor, args, job, wait, timeout, as_json))
+    run(_enqueue(settings, actor, job, wait, timeout, as_json))
 
 
 async def _enqueue(
     settings: Settings,
     actor: str,
-    args: str | None,
     job: dict[str, Any],
     wait: bool,
     timeout: float | None,
@@ -122,7 +138,7 @@ async def _enqueue(
             known = default_registry.known(await PresenceStore(pool).known_tasks())
         check_route(job["task"], job["queue"], known, allow_unknown=settings.allow_unknown_tasks)
     async with connected(settings, actor, default_registry) as client:
-        enqueued = await client.enqueue(args=_json_object(args), **job)
+        enqueued = await client.enqueue(**job)
         if not (wait and as_json):  # with --json only the final state is shown
             _show_enqueued(enqueued, as_json)
         if not wait:
@@ -138,6 +154,8 @@ def _json_object(text: str | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidJob("--args", f"not JSON: {exc}") from None
+    except RecursionError:  # the parser's own limit, far beyond the one args have
+        raise InvalidJob("--args", f"nested deeper than {ARGS_MAX_DEPTH} levels") from None
     if not isinstance(value, dict):
         raise InvalidJob("--args", f"must be a JSON object, not {type(value).__name__}")
     return value
@@ -154,11 +172,16 @@ def _show_enqueued(job: EnqueueResult, as_json: bool) -> None:
 async def _wait_for(
     client: Client, job: EnqueueResult, timeout: float | None, as_json: bool
 ) -> int:
-    """Wait for the job to end and show its final state; the command's exit code."""
+    """Wait for the job to end, showing its progress (not with --json), then its final
+    state; the command's exit code."""
     deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
-            state = await client.wait(job.job_id)
+            if as_json:
+                state = await client.wait(job.job_id)
+                print_json(state)
+            else:
+                state = await follow(client, job.job_id, view_for(as_json), heartbeats=False)
     except TimeoutError:
         if not deadline.expired():  # a statement's timeout: the database is not answering
             raise
@@ -166,33 +189,34 @@ async def _wait_for(
         if now is not None:
             show_job(now, as_json)
         fail(f"job {job.job_id} has not ended within {timeout:g}s", ExitCode.STILL_RUNNING)
-    show_job(state, as_json)
     return ExitCode.OK if state.status == JobStatus.SUCCEEDED else ExitCode.JOB_NOT_SUCCEEDED
 
 
-def show_job(job: JobState, as_json: bool) -> None:
-    """A job's state: its JSON document, or its fields one per line."""
-    if as_json:
-        print_json(job)
-    else:
-        console().print(job_details(job))
+QueueFilter = Annotated[str | None, typer.Option(help="Only this queue's jobs.")]
+StatusFilter = Annotated[JobStatus | None, typer.Option(help="Only jobs in this status.")]
+TaskFilter = Annotated[str | None, typer.Option(help="Only this task's jobs.")]
+LockKeyFilter = Annotated[str | None, typer.Option(help="Only jobs of this lock key.")]
+PartitionKeyFilter = Annotated[str | None, typer.Option(help="Only jobs of this partition key.")]
 
 
 def jobs(
-    queue: Annotated[str | None, typer.Option(help="Only this queue's jobs.")] = None,
-    status: Annotated[JobStatus | None, typer.Option(help="Only jobs in this status.")] = None,
-    task: Annotated[str | None, typer.Option(help="Only this task's jobs.")] = None,
-    lock_key: Annotated[str | None, typer.Option(help="Only jobs of this lock key.")] = None,
-    partition_key: Annotated[
-        str | None, typer.Option(help="Only jobs of this partition key.")
-    ] = None,
+    queue: QueueFilter = None,
+    status: StatusFilter = None,
+    task: TaskFilter = None,
+    lock_key: LockKeyFilter = None,
+    partition_key: PartitionKeyFilter = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs at most.")] = 50,
     cursor: Annotated[
         str | None, typer.Option(help="The next page: the cursor the page before printed.")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List jobs, newest first, and the cursor of the next page."""
+    """List jobs, newest first, and the cursor of the next page.
+
+    The table fits the terminal: job ids stay whole on one line (to copy), other cells are
+    cut short, and on a narrow terminal the columns of least use are left out (created,
+    lock key, attempt, due, progress, error: in that order). `show JOB_ID` shows a job
+    whole; --json gives every field."""
     filters = {
         "queue": queue,
         "status": status,
@@ -215,8 +239,20 @@ async def _jobs(
     return ExitCode.OK
 
 
-#: The longest error shown in a row of the list (`dataloader cancel`/`watch` show it whole).
-ERROR_WIDTH = 60
+#: The columns of the list, the first left out first when the terminal is narrow (a rank of
+#: 0: never).
+JOB_COLUMNS: Final = (
+    Col("job", whole=True),
+    Col("status"),
+    Col("task", drop=1),
+    Col("queue", drop=2),
+    Col("error", drop=3),
+    Col("progress", drop=4),
+    Col("due", drop=5),
+    Col("attempt", drop=6, justify="right"),
+    Col("lock key", drop=7),
+    Col("created", drop=8),
+)
 
 
 def _show_page(page: JobPage) -> None:
@@ -224,49 +260,169 @@ def _show_page(page: JobPage) -> None:
     if not page.jobs:
         out.print("no jobs")
     else:
-        grid = table("job", "status", "task", "queue", "lock key", "attempt", "created", "error")
+        grid = table(*JOB_COLUMNS)
         for job in page.jobs:
-            error = None if job.error is None else _shortened(job.error, ERROR_WIDTH)
             grid.add_row(
                 cell(job.job_id),
                 status_text(job.status),
                 cell(job.task),
                 cell(job.queue),
-                cell(job.lock_key),
+                cell(None if job.error is None else job.error.strip().split("\n")[-1]),
+                cell(progress_text(job.progress)),
+                cell(due(job)),
                 cell(f"{job.attempt}/{job.max_attempts}"),
+                cell(job.lock_key),
                 cell(job.created_at),
-                cell(error),
             )
         out.print(grid)
     if page.next_cursor is not None:
         out.print(Text(f"next page: --cursor {page.next_cursor}"))
 
 
-def _shortened(text: str, width: int) -> str:
-    """The first line of `text`, at most `width` characters."""
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def cancel(
-    job_id: JobIdArgument, actor: ActorOption = CLI_ACTOR, as_json: JsonOption = False
+def show(
+    job_id: JobIdArgument,
+    heartbeats: HeartbeatsOption = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Cancel a job and print its state after.
+    """Show a job whole: every field, its result or its error (in full), and its journal.
+
+    With --json: {"job": {…every field…}, "events": [{…each journal entry…}]}. Heartbeat
+    entries are left out of the journal unless --heartbeats. Exit 1 if there is no such
+    job."""
+    run(_show(operator_settings(), job_id, heartbeats, as_json))
+
+
+async def _show(settings: Settings, job_id: str, heartbeats: bool, as_json: bool) -> int:
+    async with connected(settings) as client:
+        job = await client.get(job_id)
+        if job is None:
+            raise JobNotFound(f"job {job_id} not found")
+        events = [e for e in await client.events(job.job_id) if heartbeats or e.kind != "heartbeat"]
+    if as_json:
+        print_json({"job": job, "events": events})
+        return ExitCode.OK
+    out = console()
+    out.print(job_details(job))
+    out.print(Text("journal", style="bold"))
+    for event in events:
+        out.print(event_line(event))
+    return ExitCode.OK
+
+
+def show_job(job: JobState, as_json: bool) -> None:
+    """A job's state: its JSON document, or its fields one per line."""
+    if as_json:
+        print_json(job)
+    else:
+        console().print(job_details(job))
+
+
+OptionalJobId = Annotated[
+    str | None,
+    typer.Argument(metavar="[JOB_ID]", help="The job's id; or, instead, filters of the jobs."),
+]
+BulkLimit = Annotated[
+    int | None,
+    typer.Option(
+        min=1, max=MAX_BULK, help="With filters: the jobs looked at, at most (default 1000)."
+    ),
+]
+
+
+def _job_change(
+    name: str,
+    done: str,
+    one: Callable[[Client, str], Awaitable[JobState]],
+    many: Callable[..., Awaitable[BulkResult]],
+    doc: str,
+) -> Callable[..., None]:
+    """The command `name` (cancel, retry): `one` makes the change to the job a JOB_ID names,
+    `many` to the jobs that filters match (`done`: what it did to each, for the summary)."""
+
+    def command(
+        job_id: OptionalJobId = None,
+        queue: QueueFilter = None,
+        status: StatusFilter = None,
+        task: TaskFilter = None,
+        lock_key: LockKeyFilter = None,
+        partition_key: PartitionKeyFilter = None,
+        limit: BulkLimit = None,
+        actor: ActorOption = CLI_ACTOR,
+        as_json: JsonOption = False,
+    ) -> None:
+        filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, limit)
+        settings = operator_settings()
+        if job_id is not None:
+            run(_change(settings, actor, lambda client: one(client, job_id), as_json))
+        run(_bulk(settings, actor, done, lambda client: many(client, **filters), as_json))
+
+    command.__name__ = command.__qualname__ = name
+    command.__doc__ = doc
+    return command
+
+
+cancel = _job_change(
+    "cancel",
+    "canceled",
+    Client.cancel,
+    Client.cancel_many,
+    """Cancel a job and print its state after; or, with filters instead of a JOB_ID, the
+    jobs that match them all.
 
     A queued job ends canceled now; a running one is asked to stop (its task stops at its
     next check); a finished one is left as it is. The journal names the actor (`cli`, or
-    --as)."""
-    run(_change(operator_settings(), actor, lambda client: client.cancel(job_id), as_json))
+    --as). With filters (at least one: a cancel of every job is not offered), newest first,
+    --limit at most, as `POST /api/v1/jobs/cancel`: prints the jobs matched, those changed,
+    and whether more match (run it again to go on).""",
+)
 
-
-def retry(
-    job_id: JobIdArgument, actor: ActorOption = CLI_ACTOR, as_json: JsonOption = False
-) -> None:
-    """Send a failed, lost or canceled job back to its queue, and print its state after.
+retry = _job_change(
+    "retry",
+    "retried",
+    Client.retry,
+    Client.retry_many,
+    """Send a failed, lost or canceled job back to its queue, and print its state after; or,
+    with filters instead of a JOB_ID, those among the jobs that match them all.
 
     The job gets a fresh budget of attempts and resumes from its checkpoint; the journal names
-    the actor (`cli`, or --as). A job in another state cannot be retried: exit 1."""
-    run(_change(operator_settings(), actor, lambda client: client.retry(job_id), as_json))
+    the actor (`cli`, or --as). A job in another state cannot be retried: exit 1. With
+    filters (at least one), newest first, --limit at most, as `POST /api/v1/jobs/retry`: the
+    jobs in other states are skipped; prints the jobs matched, those retried, and whether
+    more match (run it again to go on).""",
+)
+
+
+def _bulk_filters(
+    job_id: str | None,
+    queue: str | None,
+    status: JobStatus | None,
+    task: str | None,
+    lock_key: str | None,
+    partition_key: str | None,
+    limit: int | None,
+) -> dict[str, Any]:
+    """The filters of a change by filter (with its limit, if given); ends the command (exit
+    2) unless exactly one of a job id and filters is given."""
+    filters = {
+        name: value
+        for name, value in (
+            ("queue", queue),
+            ("status", status),
+            ("task", task),
+            ("lock_key", lock_key),
+            ("partition_key", partition_key),
+        )
+        if value is not None
+    }
+    if job_id is not None and (filters or limit is not None):
+        fail("give a JOB_ID or filters, not both", ExitCode.USAGE)
+    if job_id is None and not filters:
+        fail(
+            "give a JOB_ID, or at least one filter (--queue, --status, --task, --lock-key,"
+            " --partition-key): a change of every job is not offered",
+            ExitCode.USAGE,
+        )
+    return filters if limit is None else {**filters, "limit": limit}
 
 
 async def _change(
@@ -277,4 +433,21 @@ async def _change(
 ) -> int:
     """Make `change` (a cancel, a retry) as `actor` and show the job's state after."""
     show_job(await acting(settings, actor, change), as_json)
+    return ExitCode.OK
+
+
+async def _bulk(
+    settings: Settings,
+    actor: str,
+    done: str,
+    change: Callable[[Client], Awaitable[BulkResult]],
+    as_json: bool,
+) -> int:
+    """Make `change` (a cancel or retry by filter) as `actor` and show what it did."""
+    result = await acting(settings, actor, change)
+    if as_json:
+        print_json(result)
+        return ExitCode.OK
+    more = "; more jobs match: run it again to go on" if result.more else ""
+    console().print(Text(f"{result.matched} jobs matched, {len(result.changed)} {done}{more}"))
     return ExitCode.OK

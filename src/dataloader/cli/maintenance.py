@@ -17,7 +17,7 @@ from dataloader.cli.common import (
     operator_settings,
     run,
 )
-from dataloader.cli.output import cell, console, duration, print_json, table
+from dataloader.cli.output import Col, cell, console, duration, print_json, table
 from dataloader.config import Settings
 from dataloader.maintenance.pruner import Pruner, Retention
 from dataloader.storage.maintenance import MaintenanceStore
@@ -80,8 +80,7 @@ async def _prunable(store: MaintenanceStore, retention: Retention) -> dict[str, 
 
 
 def _show(counts: dict[str, int], kept: dict[str, float], dry_run: bool) -> None:
-    grid = table("what", "would delete" if dry_run else "deleted", "kept for")
-    grid.columns[1].justify = "right"
+    grid = table("what", Col("would delete" if dry_run else "deleted", justify="right"), "kept for")
     for what, n in counts.items():
         grid.add_row(cell(what), cell(n), cell(duration(kept[what]) if what in kept else None))
     console().print(grid)

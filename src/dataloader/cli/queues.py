@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 from rich.text import Text
@@ -15,18 +15,24 @@ from dataloader.cli.common import (
     ExitCode,
     JsonOption,
     acting,
+    checked_name,
     connected,
     fail,
     operator_settings,
     run,
 )
-from dataloader.cli.output import cell, console, duration, print_json, table, when
+from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.core.models import QueueStats
-from dataloader.core.queues import QueueSettings
+from dataloader.core.queues import QueueLimits, QueueSettings
 
-QueueArgument = Annotated[str, typer.Argument(metavar="QUEUE", help="The queue's name.")]
+#: Queues a refusal of an unknown queue names, at most.
+SHOWN_QUEUES: Final = 20
+
+QueueArgument = Annotated[
+    str, typer.Argument(metavar="QUEUE", callback=checked_name, help="The queue's name.")
+]
 
 
 def queues(
@@ -64,17 +70,36 @@ def queue_document(stats: QueueStats) -> dict[str, Any]:
     return document
 
 
+def _count(header: str, drop: int = 0) -> Col:
+    return Col(header, drop=drop, justify="right")
+
+
+#: The columns of `queues`, the first left out first when the terminal is narrow (a rank of
+#: 0: never). Each header is one line: 80 columns hold the queue and its counts.
+QUEUE_COLUMNS: Final = (
+    Col("queue", whole=True),
+    _count("ready"),
+    _count("waiting", 5),
+    _count("delayed", 4),
+    _count("running"),
+    _count("failed", 2),
+    _count("lost", 3),
+    _count("oldest due", 6),
+    Col("paused", drop=1),
+    _count("workers", 7),
+    _count("slots", 8),
+    _count("/min 1m", 9),
+    _count("/min 5m", 11),
+    _count("/min 60m", 10),
+)
+
+
 def _show_queues(stats: list[QueueStats]) -> None:
     out = console()
     if not stats:
         out.print("no queue holds jobs, is paused, served or was busy in the last hour")
         return
-    grid = table(
-        "queue", "ready", "waiting", "delayed", "running", "failed", "lost", "oldest due",
-        "paused", "workers", "slots", "/min 1m", "/min 5m", "/min 60m",
-    )  # fmt: skip
-    for column in grid.columns[1:]:
-        column.justify = "right"
+    grid = table(*QUEUE_COLUMNS)
     for s in stats:
         per_minute = [f"{t.per_minute:.1f}" for t in s.throughput]
         grid.add_row(
@@ -96,13 +121,51 @@ def _paused(paused: bool, by: str | None) -> Text:
 
 
 def pause(
-    queue: QueueArgument, actor: ActorOption = CLI_ACTOR, as_json: JsonOption = False
+    queue: QueueArgument,
+    create: Annotated[
+        bool,
+        typer.Option("--create", help="Pause a queue nothing knows yet, ahead of its first job."),
+    ] = False,
+    actor: ActorOption = CLI_ACTOR,
+    as_json: JsonOption = False,
 ) -> None:
     """Pause a queue: no worker of any process claims its jobs until it is resumed.
 
     Running jobs finish, and jobs are still enqueued. Recorded in the queue's audit log with
-    the actor (`cli`, or --as). Prints the queue's settings after."""
-    run(_steer(operator_settings(), actor, lambda client: client.pause(queue), as_json))
+    the actor (`cli`, or --as). Prints the queue's settings after. A queue nothing knows (no
+    job, no live process serving it, no limit, no audit entry) is refused as a likely typo
+    (exit 2): --create pauses it all the same, ahead of its first job."""
+
+    async def known_first(client: Client) -> QueueSettings:
+        if not create:
+            await _check_known(client, queue)
+        return await client.pause(queue)
+
+    run(_steer(operator_settings(), actor, known_first, as_json))
+
+
+async def _check_known(client: Client, queue: str) -> None:
+    """ValueError unless something knows `queue`: a job of it (in any state), a live process
+    serving it, a setting (paused, limits) or an entry of its audit log. A pause of a name
+    nothing knows would stop nothing, silently: most likely a typo."""
+    stats = (await client.stats(queue))[queue]
+    if (
+        stats.total
+        or stats.failed
+        or stats.lost
+        or stats.workers
+        or stats.paused
+        or stats.limits != QueueLimits()
+        or (await client.list(queue=queue, limit=1)).jobs
+        or await client.queue_events(queue, limit=1)
+    ):
+        return
+    in_use = sorted(await client.stats())
+    shown = f"queues in use: {', '.join(in_use[:SHOWN_QUEUES])}" if in_use else "no queue is in use"
+    raise ValueError(
+        f"queue {queue!r} is unknown: no job, live process, limit or audit entry names it"
+        f" ({shown}); pass --create to pause it ahead of its first job"
+    )
 
 
 def resume(

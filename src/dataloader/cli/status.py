@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dataloader.cli.common import ExitCode, JsonOption, inspected, operator_settings, run
-from dataloader.cli.output import cell, console, duration, print_json, table, when
+from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.config import Settings
 from dataloader.health import status_document
 from dataloader.storage.admin import AdminStore, read_status
@@ -59,9 +59,8 @@ def _show_queues(out: Console, queues: dict[str, dict[str, Any]]) -> None:
     if not queues:
         out.print("queues: none holds jobs, is paused, served or was busy in the last hour")
         return
-    grid = table("queue", "queued", "running", "failed", "lost", "paused", title="queues")
-    for column in grid.columns[1:5]:
-        column.justify = "right"
+    numbers = (Col(header, justify="right") for header in ("queued", "running", "failed", "lost"))
+    grid = table(Col("queue", whole=True), *numbers, "paused", title="queues")
     for name, q in queues.items():
         counts = (q["queued"], q["running"], q["failed"], q["lost"])
         grid.add_row(cell(name), *(cell(n) for n in counts), cell(q["paused"]))
@@ -72,7 +71,15 @@ def _show_workers(out: Console, workers: list[dict[str, Any]]) -> None:
     if not workers:
         out.print("live workers: none")
         return
-    grid = table("worker", "host", "pid", "version", "queues (slots)", "seen", title="live workers")
+    grid = table(
+        Col("worker", whole=True),
+        Col("host", drop=2),
+        Col("pid", drop=3),
+        Col("version", drop=4),
+        "queues (slots)",
+        Col("seen", drop=1),
+        title="live workers",
+    )
     for w in workers:
         served = ", ".join(f"{queue} ({slots})" for queue, slots in w["queues"].items())
         grid.add_row(

@@ -1,15 +1,17 @@
 """`watch JOB_ID`: a job's progress as a live bar and its journal as it grows, until it ends.
 
 The job's end is heard at once (`Client.wait` listens for it); its progress and journal,
-which nothing announces, are read every POLL_SEC while it runs: a person is watching."""
+which nothing announces, are read every POLL_SEC while it runs: a person is watching.
+`enqueue --wait` follows the job it enqueued the same way."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import asdict
-from typing import Annotated, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-import typer
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
@@ -21,9 +23,25 @@ from rich.progress import (
 from rich.text import Text
 
 from dataloader.base import JobStatus
-from dataloader.cli.common import ExitCode, JsonOption, connected, operator_settings, run
-from dataloader.cli.jobs import JobIdArgument
-from dataloader.cli.output import console, job_details, jsonable, print_json, status_text
+from dataloader.cli.common import (
+    ExitCode,
+    HeartbeatsOption,
+    JobIdArgument,
+    JsonOption,
+    connected,
+    operator_settings,
+    run,
+)
+from dataloader.cli.output import (
+    bar_of,
+    console,
+    event_line,
+    job_details,
+    jsonable,
+    print_json,
+    progress_text,
+    status_text,
+)
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.core.models import JobEvent, JobState
@@ -38,16 +56,15 @@ BAR_FIELDS: Final = frozenset({"done", "total", "percent"})
 
 def watch(
     job_id: JobIdArgument,
-    heartbeats: Annotated[
-        bool, typer.Option("--heartbeats", help="Show the journal's heartbeat entries too.")
-    ] = False,
+    heartbeats: HeartbeatsOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Follow a job until it ends: a progress bar, its journal, then its final state.
 
     Its progress ({"done", "total"} or {"percent"}) shows as a bar, its journal entries as
-    they come (heartbeats only with --heartbeats). Exit 0 if it succeeded, 4 if it ended
-    failed, canceled or lost.
+    they come (heartbeats only with --heartbeats); printed to a pipe or a file, a plain line
+    for each entry and each change of status or progress instead. Exit 0 if it succeeded, 4
+    if it ended failed, canceled or lost.
 
     With --json, one JSON document per line: {"type": "event", …} for each journal entry,
     {"type": "progress", …} for each change of status or progress, and {"type": "state", …}
@@ -74,22 +91,35 @@ class View(Protocol):
 async def _watch(settings: Settings, job_id: str, heartbeats: bool, as_json: bool) -> int:
     async with connected(settings) as client:
         job = await _read(client, job_id)
-        view: View = JsonView() if as_json else LiveView()
-        ended = asyncio.ensure_future(client.wait(job.job_id))
-        try:
-            await _follow(client, job, ended, heartbeats, view)
-        finally:
-            view.close()
-            ended.cancel()  # when following failed: the wait is of no use any more
-            await asyncio.gather(ended, return_exceptions=True)
-        final = ended.result()
-    view.end(final)
+        final = await follow(client, job.job_id, view_for(as_json), heartbeats)
     return ExitCode.OK if final.status == JobStatus.SUCCEEDED else ExitCode.JOB_NOT_SUCCEEDED
+
+
+def view_for(as_json: bool) -> View:
+    """JSON lines with --json, a live bar on a terminal, plain lines on a pipe or a file."""
+    if as_json:
+        return JsonView()
+    out = console()
+    return LiveView(out) if out.is_terminal else PlainView(out)
+
+
+async def follow(client: Client, job_id: uuid.UUID, view: View, heartbeats: bool) -> JobState:
+    """Show the job in `view` until it ends; its final state (shown last)."""
+    ended = asyncio.ensure_future(client.wait(job_id))
+    try:
+        await _follow(client, job_id, ended, heartbeats, view)
+    finally:
+        view.close()
+        ended.cancel()  # when following failed: the wait is of no use any more
+        await asyncio.gather(ended, return_exceptions=True)
+    final = ended.result()
+    view.end(final)
+    return final
 
 
 async def _follow(
     client: Client,
-    job: JobState,
+    job_id: uuid.UUID,
     ended: asyncio.Future[JobState],
     heartbeats: bool,
     view: View,
@@ -99,11 +129,11 @@ async def _follow(
     after = 0
     while True:
         over = ended.done()  # before reading: what is read after the end is complete
-        for event in await client.events(job.job_id, after=after):
+        for event in await client.events(job_id, after=after):
             after = event.event_id
             if heartbeats or event.kind != "heartbeat":
                 view.event(event)
-        view.state(await _read(client, str(job.job_id)))
+        view.state(await _read(client, str(job_id)))
         if over:
             return
         await asyncio.wait({ended}, timeout=POLL_SEC)
@@ -148,8 +178,8 @@ class JsonView:
 class LiveView:
     """A Rich progress bar, journal entries printed above it, the final state below."""
 
-    def __init__(self) -> None:
-        self._console = console()
+    def __init__(self, out: Console) -> None:
+        self._console = out
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -157,17 +187,13 @@ class LiveView:
             TaskProgressColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.fields[detail]}", markup=False),  # the task's own words
-            console=self._console,
+            console=out,
         )
         self._bar = self._progress.add_task("", total=None, detail="")
         self._progress.start()
 
     def event(self, event: JobEvent) -> None:
-        line = Text(event.ts.astimezone().strftime("%H:%M:%S "), style="dim")
-        line.append(event.kind, style="bold")
-        for name, value in (event.payload or {}).items():
-            line.append(f" {name}={value}")
-        self._progress.console.print(line)
+        self._progress.console.print(event_line(event))
 
     def state(self, job: JobState) -> None:
         description = Text(f"{job.task} ").append_text(status_text(job.status))
@@ -186,20 +212,28 @@ class LiveView:
         self._progress.stop()
 
 
-def bar_of(progress: dict[str, Any]) -> tuple[float | None, float]:
-    """(total, completed) of a job's progress: {"done": n, "total": m} or {"percent": x};
-    (None, 0) when it says neither."""
-    done, total = _number(progress.get("done")), _number(progress.get("total"))
-    if done is not None and total is not None and total > 0:
-        return total, done
-    percent = _number(progress.get("percent"))
-    if percent is not None:
-        return 100.0, percent
-    return None, 0.0
+class PlainView:
+    """Plain lines for a pipe or a file (a bar would only draw control characters there):
+    each journal entry, each change of status or progress, then the final state."""
 
+    def __init__(self, out: Console) -> None:
+        self._console = out
+        self._shown: Text | None = None
 
-def _number(value: Any) -> float | None:
-    """`value` if it is a number (JSON's true and false are not), else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
+    def event(self, event: JobEvent) -> None:
+        self._console.print(event_line(event))
+
+    def state(self, job: JobState) -> None:
+        line = Text(f"{job.task} ").append_text(status_text(job.status))
+        progress = progress_text(job.progress)
+        if progress is not None:
+            line.append(f" {progress}")
+        if line != self._shown:
+            self._console.print(line)
+            self._shown = line
+
+    def end(self, job: JobState) -> None:
+        self._console.print(job_details(job))
+
+    def close(self) -> None:
+        pass

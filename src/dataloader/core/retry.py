@@ -107,8 +107,9 @@ def _check_delay(name: str, value: float) -> None:
         raise ValueError(f"{name} must be between 0 and {MAX_DELAY_SEC:.0f} seconds, not {value}")
 
 
-#: Longest delay a policy may ask for: ten years (PostgreSQL's intervals go much further, a
-#: retry has no reason to).
+#: Longest delay a policy or a job may ask for, and the longest retention of finished jobs:
+#: ten years. PostgreSQL's intervals go much further, nothing here has a reason to; and its
+#: calendar does not (now() less 10^12 s lies before 4713 BC, where it begins).
 MAX_DELAY_SEC = 10 * 365 * 86_400.0
 
 

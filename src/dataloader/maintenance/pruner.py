@@ -15,10 +15,21 @@ from typing import Final
 
 from dataloader.base import JobStatus
 from dataloader.config import Settings
+from dataloader.exceptions import DataloaderError
 from dataloader.storage.maintenance import MaintenanceStore
 
 #: Throughput buckets are read over the last hour; a day of them is kept.
 THROUGHPUT_KEPT_SEC: Final = 86_400.0
+
+
+class PruneIncomplete(DataloaderError):
+    """Some parts of a prune failed (the others ran): what was deleted, and each failure."""
+
+    def __init__(self, deleted: dict[str, int], failed: dict[str, Exception]) -> None:
+        causes = "; ".join(f"{what}: {exc!r}" for what, exc in failed.items())
+        super().__init__(f"pruning failed for {causes} (deleted: {deleted})")
+        self.deleted = deleted
+        self.failed = failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +74,29 @@ class Pruner:
 
     async def prune(self, stopping: asyncio.Event | None = None) -> dict[str, int]:
         """Delete everything past its age, batch after batch, until none is left or
-        `stopping` is set; {what: rows deleted} (job statuses, `heartbeats`, `throughput`)."""
-        deleted: dict[str, int] = {}
-        for status, age in self._retention.by_status().items():
-            deleted[status.value] = await self._drain(
-                partial(self._store.prune_jobs, status, age, self._batch), stopping
-            )
+        `stopping` is set; {what: rows deleted} (job statuses, `heartbeats`, `throughput`).
+        Each part is pruned whatever became of the others: PruneIncomplete after all have
+        run if any failed."""
+        parts = {
+            status.value: partial(self._store.prune_jobs, status, age, self._batch)
+            for status, age in self._retention.by_status().items()
+        }
         if self._retention.heartbeats_sec > 0:
-            deleted["heartbeats"] = await self._drain(
-                partial(self._store.prune_heartbeats, self._retention.heartbeats_sec, self._batch),
-                stopping,
+            parts["heartbeats"] = partial(
+                self._store.prune_heartbeats, self._retention.heartbeats_sec, self._batch
             )
-        deleted["throughput"] = await self._drain(
-            partial(self._store.prune_throughput, THROUGHPUT_KEPT_SEC, self._batch), stopping
+        parts["throughput"] = partial(
+            self._store.prune_throughput, THROUGHPUT_KEPT_SEC, self._batch
         )
+        deleted: dict[str, int] = {}
+        failed: dict[str, Exception] = {}
+        for what, batch in parts.items():
+            try:
+                deleted[what] = await self._drain(batch, stopping)
+            except Exception as exc:  # reported below, once the other parts have run
+                failed[what] = exc
+        if failed:
+            raise PruneIncomplete(deleted, failed)
         return deleted
 
     async def _drain(
