@@ -197,12 +197,12 @@ async def test_enqueue_refuses_another_queue_than_the_tasks_naming_both(
         "PYTHONPATH": str(Path(__file__).parents[2]),  # where `tests` is found
     }
     here = ("enqueue", "etl.load_rows", "--queue", "default", "--lock-key", "k")
-    line = failed_in_one_line(await cli(*here, env=env), 1)
+    line = failed_in_one_line(await cli(*here, env=env), 2)
     assert "task 'etl.load_rows' runs on queue 'etl', not 'default'" in line
 
     await add_worker(conn, "elsewhere", {"etl": 1}, ["etl.load"], task_queues={"etl.load": "etl"})
     live = ("enqueue", "etl.load", "--queue", "default", "--lock-key", "k")
-    line = failed_in_one_line(await cli(*live), 1)
+    line = failed_in_one_line(await cli(*live), 2)
     assert "task 'etl.load' runs on queue 'etl', not 'default'" in line
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 0
     assert (await cli.json("enqueue", "etl.load", "--queue", "etl", "--lock-key", "k"))["created"]
