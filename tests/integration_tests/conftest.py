@@ -22,11 +22,13 @@ from dataloader.api import create_app
 from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.context import AppContext
+from dataloader.runner import Runner
 from dataloader.workers.manager import WorkerManager
 from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 
 from .helpers import ADVISORY_LOCKS, JobsApi, wait_until
+from .operators import Cli
 from .procs import Launcher, launched
 
 __all__ = ["ADVISORY_LOCKS", "Service", "StartService", "wait_until"]
@@ -130,3 +132,26 @@ async def conn(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
     connection = await asyncpg.connect(db_dsn)
     yield connection
     await connection.close()
+
+
+# --- the operators' commands (test_cli_*.py) -----------------------------------------------------
+
+
+@pytest.fixture
+def cli(db_dsn: str, tmp_path: Path) -> Cli:
+    """`dataloader …` on the test's database, in the test's own working directory."""
+    return Cli(db_dsn, tmp_path)
+
+
+@pytest.fixture
+async def client(db_dsn: str) -> AsyncIterator[Client]:
+    """A library client on the test database, to prepare and check what the commands did
+    (a test module may define a `client` of its own)."""
+    async with Client.connect(db_dsn, settings=Settings(_env_file=None, db_dsn=db_dsn)) as c:  # type: ignore[call-arg]
+        yield c
+
+
+@pytest.fixture
+def workers(make_settings: Callable[..., Settings]) -> Callable[[], Runner]:
+    """Workers in this process serving the queue `default` (the demo tasks registered)."""
+    return lambda: Runner(make_settings(workers=[{"queue": "default", "concurrency": 2}]))

@@ -5,30 +5,17 @@ written; and what is not bad input (an empty DL_CRON) is not refused."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from dataloader.client import Client
-from dataloader.config import Settings
 
-from .test_cli_operations import Cli, failed_in_one_line
+from .operators import Cli, failed_in_one_line
 
 #: `--args` nested far deeper than JSON's own parser goes (it gives up near 1,000 levels).
 DEEP = "[" * 50_000 + "]" * 50_000
-
-
-@pytest.fixture
-def cli(db_dsn: str, tmp_path: Path) -> Cli:
-    return Cli(db_dsn, tmp_path)
-
-
-@pytest.fixture
-async def client(db_dsn: str) -> AsyncIterator[Client]:
-    async with Client.connect(db_dsn, settings=Settings(_env_file=None, db_dsn=db_dsn)) as c:  # type: ignore[call-arg]
-        yield c
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:

@@ -7,86 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
 
 from dataloader.client import Client
-from dataloader.config import Settings
 from dataloader.runner import Runner
 
 from .helpers import add_worker, wait_until
-from .procs import DATALOADER_SCRIPT, clean_env
+from .operators import Cli, failed_in_one_line, journal
 
 #: A password that must never appear in the output.
 PASSWORD = "secretpw-51ac"
-
-
-class Cli:
-    """Runs `dataloader …` on the test's database, in a working directory of its own."""
-
-    def __init__(self, dsn: str, cwd: Path) -> None:
-        self.dsn = dsn
-        self.cwd = cwd
-
-    async def __call__(
-        self, *args: str, env: dict[str, str | None] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """The command's result, stdout and stderr apart (stdout must hold only what it
-        prints for a reader: JSON with --json). Run in a thread: the test's own workers keep
-        running meanwhile."""
-        return await asyncio.to_thread(
-            subprocess.run,
-            [str(DATALOADER_SCRIPT), *args],
-            env=clean_env({"DL_DB_DSN": self.dsn, "COLUMNS": "200", **(env or {})}),
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-
-    async def json(self, *args: str, code: int = 0) -> Any:
-        """The one JSON document `dataloader … --json` prints, once it exited `code`."""
-        result = await self(*args, "--json")
-        assert result.returncode == code, result
-        assert result.stderr == "", result
-        return json.loads(result.stdout)
-
-
-@pytest.fixture
-def cli(db_dsn: str, tmp_path: Path) -> Cli:
-    return Cli(db_dsn, tmp_path)
-
-
-@pytest.fixture
-async def client(db_dsn: str) -> AsyncIterator[Client]:
-    """A library client on the test database, to prepare and check what the commands did."""
-    async with Client.connect(db_dsn, settings=Settings(_env_file=None, db_dsn=db_dsn)) as c:  # type: ignore[call-arg]
-        yield c
-
-
-@pytest.fixture
-def workers(make_settings: Callable[..., Settings]) -> Callable[[], Runner]:
-    """Workers in this process serving the queue `default` (the demo tasks registered)."""
-    return lambda: Runner(make_settings(workers=[{"queue": "default", "concurrency": 2}]))
-
-
-def failed_in_one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
-    """Assert the command exited `code` with one line on stderr and nothing on stdout; the
-    line."""
-    assert result.returncode == code, result
-    assert result.stdout == "", result
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("dataloader: "), lines[0]
-    return lines[0]
 
 
 def rows(table: str) -> dict[str, list[str]]:
@@ -97,11 +33,6 @@ def rows(table: str) -> dict[str, list[str]]:
         if cells:
             found[cells[0]] = cells
     return found
-
-
-async def journal(client: Client, job_id: str) -> list[tuple[str, Any]]:
-    """(kind, who did it) of each entry of the job's journal, oldest first."""
-    return [(e.kind, (e.payload or {}).get("by")) for e in await client.events(job_id)]
 
 
 # --- enqueue --------------------------------------------------------------------------------------

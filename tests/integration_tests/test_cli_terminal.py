@@ -10,7 +10,7 @@ import pty
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,29 +18,12 @@ import asyncpg
 import pytest
 
 from dataloader.client import Client
-from dataloader.config import Settings
 from dataloader.runner import Runner
 
+from .operators import Cli, failed_in_one_line, journal
 from .procs import DATALOADER_SCRIPT, clean_env
-from .test_cli_operations import Cli, failed_in_one_line, journal
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-@pytest.fixture
-def cli(db_dsn: str, tmp_path: Path) -> Cli:
-    return Cli(db_dsn, tmp_path)
-
-
-@pytest.fixture
-async def client(db_dsn: str) -> AsyncIterator[Client]:
-    async with Client.connect(db_dsn, settings=Settings(_env_file=None, db_dsn=db_dsn)) as c:  # type: ignore[call-arg]
-        yield c
-
-
-@pytest.fixture
-def workers(make_settings: Callable[..., Settings]) -> Callable[[], Runner]:
-    return lambda: Runner(make_settings(workers=[{"queue": "default", "concurrency": 2}]))
 
 
 def header_cells(table: str) -> list[str]:
