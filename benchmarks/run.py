@@ -36,9 +36,9 @@ from dataloader import (
     Batch,
     JobContext,
     NewJob,
-    PipelineRegistry,
     Runner,
     Settings,
+    TaskRegistry,
     WorkerSpec,
     metrics,
 )
@@ -141,8 +141,8 @@ class Bench:
         return elapsed
 
 
-def noop_registry() -> PipelineRegistry:
-    registry = PipelineRegistry()
+def noop_registry() -> TaskRegistry:
+    registry = TaskRegistry()
 
     @registry.register("noop")
     async def noop(ctx: JobContext[dict[str, Any]]) -> None:
@@ -203,7 +203,7 @@ async def latency(b: Bench) -> dict[str, Any]:
     samples, warmup, interval = b.n(200), 5, 0.02
     seen: dict[int, float] = {}
     all_seen = asyncio.Event()
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.register("noop")
     async def record(ctx: JobContext[dict[str, Any]]) -> None:
@@ -245,7 +245,7 @@ async def _first_jobs_rate(b: Bench, backlog: int, measured: int) -> float:
         await conn.close()
     handled = 0
     reached = asyncio.Event()
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.register("noop")
     async def count(ctx: JobContext[dict[str, Any]]) -> None:
@@ -339,7 +339,7 @@ async def _drain_behind(
     await b.bulk_insert(plain)
     handled = 0
     done = asyncio.Event()
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.register("noop")
     async def count(ctx: JobContext[dict[str, Any]]) -> None:
@@ -659,10 +659,10 @@ async def service_drain(b: Bench) -> dict[str, Any]:
 BATCH_SIZES = (1, 10, 100)
 
 
-def sink_registry(size: int) -> PipelineRegistry:
+def sink_registry(size: int) -> TaskRegistry:
     """A small job: one row into a target table. One insert per job (`size` 1), or one per
     batch of up to `size` jobs."""
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.task("sink.one")
     async def one(ctx: JobContext[dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 from run import DBNAME, QUEUE, RESULTS, Bench, admin_dsn, job  # benchmarks/ is on sys.path
 
-from dataloader import JobContext, PipelineRegistry, Runner
+from dataloader import JobContext, Runner, TaskRegistry
 
 SIZES = """
 SELECT pg_total_relation_size('dl_jobs') AS total,
@@ -54,7 +54,7 @@ async def main() -> None:
     await bench.fresh_database()
 
     starts: list[float] = []
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.register("noop")
     async def record(ctx: JobContext[dict[str, Any]]) -> None:

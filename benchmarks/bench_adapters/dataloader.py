@@ -16,7 +16,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
-from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings, WorkerSpec
+from dataloader import JobContext, NewJob, Runner, Settings, TaskRegistry, WorkerSpec
 
 from . import _common
 
@@ -60,7 +60,7 @@ async def enqueue(n: int, batch: bool) -> None:
 
 
 async def drain(n: int, concurrency: int) -> None:
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
     handled = 0
 
     @registry.register("noop")
@@ -79,7 +79,7 @@ async def drain(n: int, concurrency: int) -> None:
 
 
 async def latency(samples: int, interval_s: float, concurrency: int = 10) -> list[float]:
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
     seen: dict[int, float] = {}
 
     @registry.register("noop")

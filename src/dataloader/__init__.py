@@ -18,6 +18,7 @@ own program with `dataloader.Runner`. docs/reference.md lists the public API.
 from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
+from dataloader.core.handler_stats import HandlerStats
 from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats, Stage
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, Throughput
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
@@ -38,16 +39,10 @@ from dataloader.exceptions import (
 )
 from dataloader.runner import Runner
 from dataloader.storage.repositories import JobPage
-from dataloader.workers.batches import Batch, BatchItem, HandlerStats
+from dataloader.tasks import Task, TaskRegistry, registry, task
+from dataloader.workers.batches import Batch, BatchItem
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import (
-    PipelineRegistry,
-    Task,
-    TaskRegistry,
-    pipeline,
-    registry,
-    task,
-)
+from dataloader.workers.pipelines.registry import PipelineRegistry, pipeline
 
 __all__ = [
     "Batch",

@@ -66,8 +66,8 @@ from dataloader.storage.repositories import (
     listen_for_ended_jobs,
     stop_listening_for_ended_jobs,
 )
-from dataloader.workers.pipelines.registry import Task, TaskRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
+from dataloader.tasks import Task, TaskRegistry
+from dataloader.tasks import registry as default_registry
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession

@@ -27,7 +27,7 @@ from dataloader.storage.migrate import MigrationReport, check_schema, migrate
 
 if TYPE_CHECKING:
     from dataloader.client import Client
-    from dataloader.workers.pipelines.registry import TaskRegistry
+    from dataloader.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
 

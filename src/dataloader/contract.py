@@ -54,8 +54,8 @@ from pydantic import (
 )
 
 from dataloader.exceptions import InvalidJob, InvalidJobArgs
+from dataloader.tasks import TaskRegistry, describe
 from dataloader.workers.pipelines.contracts import task_spec
-from dataloader.workers.pipelines.registry import TaskRegistry, describe
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]

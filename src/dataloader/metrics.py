@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from dataloader.core.handler_stats import HandlerStats
 from dataloader.core.queues import THROUGHPUT_KINDS
-from dataloader.workers.batches import HandlerStats
 
 if TYPE_CHECKING:
     from dataloader.core.models import QueueStats

@@ -34,9 +34,9 @@ from dataloader.config import Settings
 from dataloader.context import AppContext, StartupHook
 from dataloader.exceptions import ConfigError
 from dataloader.storage.db import Pool
+from dataloader.tasks import TaskRegistry
+from dataloader.tasks import registry as default_registry
 from dataloader.workers.manager import WorkerManager
-from dataloader.workers.pipelines.registry import TaskRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
 
 
 class Runner:

@@ -23,9 +23,9 @@ from dataloader.client import Client
 from dataloader.config import Settings
 from dataloader.context import AppContext
 from dataloader.runner import Runner
+from dataloader.tasks import TaskRegistry
+from dataloader.tasks import registry as default_registry
 from dataloader.workers.manager import WorkerManager
-from dataloader.workers.pipelines.registry import PipelineRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
 
 from .helpers import ADVISORY_LOCKS, JobsApi, wait_until
 from .operators import Cli
@@ -51,7 +51,7 @@ TEST_DEFAULTS: dict[str, Any] = {
 
 
 @pytest.fixture
-def registry() -> PipelineRegistry:
+def registry() -> TaskRegistry:
     """The demo pipelines, in a registry the test may extend."""
     return default_registry.copy()
 
@@ -93,13 +93,13 @@ StartService = Callable[..., Awaitable[Service]]
 
 @pytest.fixture
 async def start_service(
-    make_settings: Callable[..., Settings], registry: PipelineRegistry
+    make_settings: Callable[..., Settings], registry: TaskRegistry
 ) -> AsyncIterator[StartService]:
     """Start services (API + workers) in this event loop; all are stopped after the test."""
     async with AsyncExitStack() as stack:
 
         async def start(
-            *, run_workers: bool = True, tasks: PipelineRegistry | None = None, **overrides: Any
+            *, run_workers: bool = True, tasks: TaskRegistry | None = None, **overrides: Any
         ) -> Service:
             """A service with the test's registry (or `tasks`) and settings `overrides`."""
             # A service without workers stands for an API replica whose workers are elsewhere

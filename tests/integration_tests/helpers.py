@@ -14,10 +14,10 @@ import httpx
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Outcome, Transition, after_attempt
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.manager import WorkerManager
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ class JobsApi:
             raise AssertionError(f"{exc}{self.describe_failure()}") from None
 
 
-def block_first_run(registry: PipelineRegistry, task: str) -> asyncio.Event:
+def block_first_run(registry: TaskRegistry, task: str) -> asyncio.Event:
     """Register `task`: its first run blocks until cancelled (then sets the returned event),
     later runs return at once (whatever their attempt number: a refunded run keeps it)."""
     stopped = asyncio.Event()

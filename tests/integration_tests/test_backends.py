@@ -22,8 +22,8 @@ from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome, after_attempt
 from dataloader.storage import db
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.testing import InMemoryQueue
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 QUEUE = "q"
@@ -127,7 +127,7 @@ class Postgres:
 async def backend(
     request: pytest.FixtureRequest,
     make_settings: Callable[..., Settings],
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     db_dsn: str,
     conn: asyncpg.Connection,
 ) -> AsyncIterator[Backend]:

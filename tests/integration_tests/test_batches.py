@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from dataloader import Batch, JobStatus
 from dataloader.storage.protocol import WorkerProtocol
-from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.tasks import TaskRegistry
 
 from .conftest import Service, StartService
 from .helpers import ADVISORY_LOCKS, wait_until
@@ -47,7 +47,7 @@ async def statuses(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> list[s
 
 
 async def test_a_slot_takes_up_to_batch_size_jobs_per_call(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     sizes: list[int] = []
 
@@ -68,7 +68,7 @@ async def test_a_slot_takes_up_to_batch_size_jobs_per_call(
 
 
 async def test_each_job_ends_as_its_settlement_says(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.task("b.mixed", queue=QUEUE, args=Item, batch_size=10)
     async def mixed(batch: Batch[Item]) -> None:
@@ -113,7 +113,7 @@ async def test_each_job_ends_as_its_settlement_says(
 
 
 async def test_a_settlement_is_written_while_the_handler_still_runs(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     gate = asyncio.Event()
 
@@ -134,7 +134,7 @@ async def test_a_settlement_is_written_while_the_handler_still_runs(
 
 
 async def test_a_settlement_of_a_job_no_longer_ours_is_not_written(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Another run took one job of the batch meanwhile (its claim token is not ours): that
     job's settlement is fenced out, the others are written."""
@@ -166,7 +166,7 @@ async def _all_running(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> bo
 
 
 async def test_a_stop_hands_the_open_jobs_back_and_keeps_the_settled(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.task("b.stuck", queue=QUEUE, batch_size=10)
     async def stuck(batch: Batch[dict[str, Any]]) -> None:
@@ -193,7 +193,7 @@ async def assert_handed_back(conn: asyncpg.Connection, job_ids: list[uuid.UUID])
 
 
 async def test_jobs_whose_args_break_the_model_fail_without_the_handler(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     seen: list[int] = []
 
@@ -220,7 +220,7 @@ async def test_jobs_whose_args_break_the_model_fail_without_the_handler(
 
 
 async def test_a_queue_mixing_batched_and_single_tasks_keeps_its_slots(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """One slot: a claim sized for a batch may bring single jobs too; never more than one
     call runs at a time, and every job ends done."""
@@ -257,7 +257,7 @@ async def test_a_queue_mixing_batched_and_single_tasks_keeps_its_slots(
 
 
 async def test_a_mixed_queue_claims_only_the_jobs_its_free_slots_start(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """One slot, a batched task beside a one-job task, one attempt each: every job is claimed
     once and runs; none is claimed only to go back to the queue for want of a slot (a claim
@@ -294,7 +294,7 @@ async def test_a_mixed_queue_claims_only_the_jobs_its_free_slots_start(
 
 @pytest.mark.parametrize("limits", [{}, {"max_running": 100}], ids=["free", "limited"])
 async def test_a_claim_takes_the_jobs_that_fill_its_slots_and_no_more(
-    start_service: StartService, registry: PipelineRegistry, limits: dict[str, int]
+    start_service: StartService, registry: TaskRegistry, limits: dict[str, int]
 ) -> None:
     """A one-job task's job fills a slot; up to `batch_size` jobs of a batched task fill one
     together, in claim order."""
@@ -318,7 +318,7 @@ async def test_a_claim_takes_the_jobs_that_fill_its_slots_and_no_more(
 
 
 async def test_batches_are_counted_in_the_metrics(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     @registry.task("b.counted", queue=QUEUE, batch_size=4)
     async def counted(batch: Batch[dict[str, Any]]) -> None:

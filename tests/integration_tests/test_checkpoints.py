@@ -16,8 +16,8 @@ import pytest
 from dataloader import JobLost
 from dataloader.base import JobStatus
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext, RunState
-from dataloader.workers.pipelines.registry import TaskRegistry
 from dataloader.workers.reaper import Reaper
 
 from . import etl_task

@@ -31,7 +31,7 @@ from dataloader import (
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.storage.db import create_pool
 from dataloader.storage.protocol import WorkerProtocol
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 from .clients import FINISHED_LISTENERS, SOURCES, listen_tasks, open_client
 from .conftest import StartService, wait_until

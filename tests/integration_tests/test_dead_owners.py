@@ -14,8 +14,8 @@ from dataloader.config import Settings
 from dataloader.core.transitions import on_expired
 from dataloader.runner import Runner
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.fencing import presence_window
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import StartService
@@ -106,7 +106,7 @@ async def test_the_reaper_passes_when_an_owner_would_turn_gone(
 
 async def test_a_process_that_cannot_refresh_stops_its_jobs_before_it_may_be_found_gone(
     make_settings: Callable[..., Settings],
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     db_dsn: str,
 ) -> None:

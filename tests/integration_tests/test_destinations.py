@@ -19,7 +19,7 @@ import pytest
 from dataloader import ConfigError, JobContext
 from dataloader.config import Settings
 from dataloader.runner import Runner
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 from .conftest import StartService, wait_until
 from .helpers import add_worker

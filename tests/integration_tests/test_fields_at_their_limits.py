@@ -24,8 +24,8 @@ from dataloader.maintenance.cron import CronScheduler
 from dataloader.maintenance.pruner import Pruner, Retention
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import wait_until
@@ -71,7 +71,7 @@ class Ledger:
         return sum(1 for (_, end), (start, _) in itertools.pairwise(spans) if start < end)
 
 
-def register(registry: PipelineRegistry, ledger: Ledger) -> None:
+def register(registry: TaskRegistry, ledger: Ledger) -> None:
     """TASK fails its first run when asked: retried at once ("once"), or for good ("for
     good"); its success enqueues STAGE."""
     ran: set[uuid.UUID] = set()
@@ -113,7 +113,7 @@ def test_each_value_takes_its_fields_whole_byte_budget() -> None:
 
 async def test_every_text_field_at_its_limit_lives_a_whole_job_life(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     store: MaintenanceStore,
     conn: asyncpg.Connection,
 ) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 
 from dataloader import NewJob
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import wait_until
@@ -26,7 +26,7 @@ class Ledger:
         self.most_at_once: dict[str, int] = {}
         self.most_at_once_in_all = 0
 
-    def register(self, registry: PipelineRegistry) -> None:
+    def register(self, registry: TaskRegistry) -> None:
         @registry.register("t.recorded")
         async def recorded(ctx: JobContext[dict[str, Any]]) -> None:
             group = ctx.args["group"]
@@ -53,7 +53,7 @@ def jobs_of(key: str | None, numbers: range) -> list[NewJob]:
 
 
 async def test_a_serial_chain_is_handed_from_job_to_job_without_claims(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     ledger = Ledger()
     ledger.register(registry)
@@ -74,7 +74,7 @@ async def test_a_serial_chain_is_handed_from_job_to_job_without_claims(
 
 
 async def test_slots_kept_for_hand_offs_never_exceed_the_concurrency(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     """Two chains and independent jobs on a worker with two slots: a slot kept for a chain's
     next job is not also given to a claim, so at most two jobs run at any time."""

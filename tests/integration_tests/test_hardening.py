@@ -14,8 +14,8 @@ from pydantic import BaseModel, field_validator
 
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import (
@@ -29,7 +29,7 @@ from .helpers import (
 
 
 async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires(
-    start_service: StartService, registry: PipelineRegistry, db_dsn: str
+    start_service: StartService, registry: TaskRegistry, db_dsn: str
 ) -> None:
     stopped = block_first_run(registry, "t.long")
 
@@ -63,7 +63,7 @@ async def test_a_job_whose_lease_cannot_be_extended_is_stopped_before_it_expires
 
 
 async def test_args_validator_raising_a_type_error_fails_the_job_and_is_a_422(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     class Args(BaseModel):
         n: int
@@ -96,7 +96,7 @@ async def test_args_validator_raising_a_type_error_fails_the_job_and_is_a_422(
 
 
 def test_a_plain_function_cannot_be_registered_as_a_pipeline() -> None:
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     def not_async(ctx: object) -> None:
         return None
@@ -106,7 +106,7 @@ def test_a_plain_function_cannot_be_registered_as_a_pipeline() -> None:
 
 
 async def test_an_error_text_postgres_cannot_store_is_escaped_not_lost(
-    start_service: StartService, registry: PipelineRegistry, caplog: pytest.LogCaptureFixture
+    start_service: StartService, registry: TaskRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     # pytest's own log capture would carry the raw text to the xdist controller, which
     # cannot serialise a lone surrogate; our JSON formatter escapes it (see test_logger).

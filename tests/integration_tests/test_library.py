@@ -7,7 +7,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dataloader import JobContext, NewJob, PipelineRegistry, Runner, Settings
+from dataloader import JobContext, NewJob, Runner, Settings, TaskRegistry
 from dataloader.exceptions import IdempotencyConflict
 from dataloader.storage import db
 from dataloader.storage.repositories import enqueue, enqueue_many
@@ -64,7 +64,7 @@ async def test_run_until_empty_drains_every_ready_job(
     settings: Settings, conn: asyncpg.Connection
 ) -> None:
     seen: list[int] = []
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.register("t.count")
     async def count(ctx: JobContext[dict[str, Any]]) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from dataloader.storage import migrate
 from dataloader.storage.db import connect
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.locks import LockHolder
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import (
@@ -42,7 +42,7 @@ def random_cjk(chars: int) -> str:
     return "".join(chr(random.randint(0x4E00, 0x9FFF)) for _ in range(chars))
 
 
-def gated(registry: PipelineRegistry, task: str) -> asyncio.Event:
+def gated(registry: TaskRegistry, task: str) -> asyncio.Event:
     """Register `task`: its runs wait until the returned event is set."""
     gate = asyncio.Event()
 
@@ -72,7 +72,7 @@ async def test_a_job_with_a_huge_lock_key_in_the_table_runs_and_blocks_nothing(
 
 
 async def test_a_freed_lock_key_wakes_its_next_job_on_a_replica_serving_another_queue(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Lock keys are global across queues: job B (queue q1) waits for job A (queue q0) of the
     same key, and replica 2, which serves only q1, starts B as soon as A ends, not at its next
@@ -93,7 +93,7 @@ async def test_a_freed_lock_key_wakes_its_next_job_on_a_replica_serving_another_
 
 
 async def test_colliding_lock_keys_wait_in_turn_and_the_collision_is_reported(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Keys K1 and K2 share their hashtext, so their advisory lock: a job of K2 waits while a
     job of K1 runs, without backing off again and again, and runs before a K1 job queued after

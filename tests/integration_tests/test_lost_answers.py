@@ -24,8 +24,8 @@ import pytest
 from dataloader import NewJob
 from dataloader.config import Settings
 from dataloader.storage.repositories import enqueue_many
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from ..faults.proxy import FreezingProxy, upstream_of
 from .conftest import TEST_DEFAULTS, StartService
@@ -145,7 +145,7 @@ def job(task: str, lock_key: str, **fields: Any) -> NewJob:
 @pytest.mark.parametrize("jobs", [1, 3])
 async def test_a_claim_whose_answer_was_lost_runs_its_jobs_at_once(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     proxy: FreezingProxy,
     jobs: int,
@@ -170,7 +170,7 @@ async def test_a_claim_whose_answer_was_lost_runs_its_jobs_at_once(
 @pytest.mark.usefixtures("claims_wait")
 async def test_a_look_up_whose_answer_is_lost_too_is_made_again(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     db_dsn: str,
     proxy: FreezingProxy,
@@ -214,7 +214,7 @@ async def test_a_look_up_whose_answer_is_lost_too_is_made_again(
 @pytest.mark.usefixtures("claims_wait")
 async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     proxy: FreezingProxy,
 ) -> None:
@@ -252,7 +252,7 @@ async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
 @pytest.mark.usefixtures("claims_wait")
 async def test_a_stop_does_not_wait_for_the_database_to_look_up_a_lost_hand_off(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     proxy: FreezingProxy,
     caplog: pytest.LogCaptureFixture,

@@ -21,8 +21,8 @@ from dataloader.maintenance.leader import MAINTENANCE_LEASE, Leadership
 from dataloader.maintenance.pruner import PruneIncomplete, Pruner, Retention
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import Service, StartService
 from .helpers import wait_until
@@ -77,7 +77,7 @@ async def test_an_expired_lease_is_taken_over(store: MaintenanceStore) -> None:
 
 
 async def test_one_of_two_services_leads_and_the_other_takes_over_when_it_stops(
-    db_dsn: str, registry: PipelineRegistry, make_settings: Any
+    db_dsn: str, registry: TaskRegistry, make_settings: Any
 ) -> None:
     from dataloader.runner import Runner
 
@@ -206,7 +206,7 @@ async def test_heartbeat_entries_and_throughput_buckets_are_pruned_by_age(
 
 
 async def test_pruning_under_load_never_touches_unfinished_jobs(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Jobs finish and are pruned at once (an age of a millisecond) while others are queued,
     running and retried: every job missing at the end had finished."""
@@ -345,7 +345,7 @@ async def test_missed_slots_are_skipped_unless_the_schedule_catches_up(
 
 
 async def test_the_service_runs_dl_cron_and_task_schedules_and_status_shows_them(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.task("t.every_second", queue="cron", cron="* * * * * *")
     async def every_second(ctx: JobContext[dict[str, Any]]) -> None: ...

@@ -17,8 +17,8 @@ import asyncpg
 from prometheus_client import REGISTRY
 
 from dataloader import NonRetryableError
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import wait_until
@@ -34,7 +34,7 @@ def sample(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 async def test_jobs_are_counted_by_queue_task_and_outcome(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     queue = f"m-{uuid.uuid4().hex[:8]}"
 
@@ -75,7 +75,7 @@ async def test_jobs_are_counted_by_queue_task_and_outcome(
 
 
 async def test_every_cancel_is_counted_whether_the_job_was_queued_or_running(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     queue = f"m-{uuid.uuid4().hex[:8]}"
     started = asyncio.Event()

@@ -20,9 +20,9 @@ from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import create_pool
 from dataloader.storage.protocol import WorkerProtocol
 from dataloader.storage.repositories import JobRepository
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.completer import MAX_WRITE_ERRORS
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import StartService
@@ -73,7 +73,7 @@ async def lease_expires_at(conn: asyncpg.Connection, job_id: str) -> Any:
 
 
 async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """The job succeeded, then writing that lost its connection again and again for longer than
     its lease: the lease is kept alive meanwhile (the reaper would make a last attempt `lost`),
@@ -100,7 +100,7 @@ async def test_a_success_whose_write_fails_is_retried_with_its_lease_alive(
 
 
 async def test_a_locked_row_does_not_stall_the_other_leases(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Someone holds one running job's row (a pipeline fencing its own writes, an operator)
     longer than a statement may wait: the heartbeat skips that row and extends the others."""
@@ -126,7 +126,7 @@ async def test_a_locked_row_does_not_stall_the_other_leases(
 
 
 async def test_a_hurried_stop_still_writes_a_hand_back_whose_row_was_held(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """A second stop signal gives up writes that fail, not one whose row another session held
     for a moment (the job's own heartbeat or progress write): the job is handed back, not left
@@ -165,7 +165,7 @@ async def _heartbeat_at(dsn: str | None, job_id: str) -> Any:
 
 
 async def test_pipelines_holding_every_pool_connection_do_not_starve_the_leases(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """Pipelines are given the queue's pool (`ctx.app.pool`); holding all of its connections
     must not keep the heartbeat (or the outcome writes) from theirs."""
@@ -295,7 +295,7 @@ async def test_a_success_whose_row_is_held_elsewhere_does_not_hold_up_the_others
 
 
 async def test_an_outcome_that_can_never_be_written_is_given_up_to_the_reaper(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """A write that fails for another reason than a lost connection, again and again, is given
     up after a few tries: its lease is no longer kept alive, so the job does not stay running
@@ -309,7 +309,7 @@ async def test_an_outcome_that_can_never_be_written_is_given_up_to_the_reaper(
 
 
 async def test_a_pipeline_winding_down_after_its_lock_is_lost_keeps_its_lease(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """The lock connection is lost: the pipeline is cancelled, and its clean-up takes longer
     than the lease. The lease is kept alive until it ends, so the row stays `running` and no

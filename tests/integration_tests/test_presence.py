@@ -17,7 +17,7 @@ from dataloader.runner import Runner
 from dataloader.storage import db, queries
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.presence import PresenceStore, WorkerInfo
-from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.tasks import TaskRegistry
 
 from .conftest import StartService, wait_until
 from .helpers import add_worker
@@ -32,7 +32,7 @@ async def rows(conn: asyncpg.Connection) -> dict[str, asyncpg.Record]:
 
 
 async def test_a_process_registers_refreshes_and_deregisters_on_a_clean_stop(
-    make_settings: Callable[..., Settings], registry: PipelineRegistry, conn: asyncpg.Connection
+    make_settings: Callable[..., Settings], registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     settings = make_settings(
         workers=[{"queue": "a", "concurrency": 2}, {"queue": "b", "concurrency": 1}],
@@ -54,7 +54,7 @@ async def test_a_process_registers_refreshes_and_deregisters_on_a_clean_stop(
 
 
 async def test_a_process_serving_no_queue_claims_no_task(
-    make_settings: Callable[..., Settings], registry: PipelineRegistry, conn: asyncpg.Connection
+    make_settings: Callable[..., Settings], registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     async with Runner(make_settings(workers=[]), registry) as runner:
         assert runner.manager is not None
@@ -113,7 +113,7 @@ async def test_a_task_nobody_knows_on_a_queue_nobody_serves_is_accepted_and_show
 
 
 async def test_a_task_is_refused_where_live_processes_serve_its_queue_and_none_knows_it(
-    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+    start_service: StartService, conn: asyncpg.Connection, registry: TaskRegistry
 ) -> None:
     api = await start_service()  # serves `default`, knows the demo tasks
     response = await api.client.post(
@@ -173,7 +173,7 @@ async def test_a_task_known_to_another_live_process_only_is_accepted_while_it_li
 
 
 async def test_a_trigger_on_another_queue_than_its_tasks_is_refused_naming_both(
-    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+    start_service: StartService, conn: asyncpg.Connection, registry: TaskRegistry
 ) -> None:
     """Known here (the registry) or from a live process's contract, a task runs on its own
     queue: elsewhere its jobs would bypass that queue's pause and limits."""

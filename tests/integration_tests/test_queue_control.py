@@ -11,9 +11,9 @@ from typing import Any
 import asyncpg
 
 from dataloader.client import Client
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import claimed_since_now, event_payloads, wait_until
@@ -54,7 +54,7 @@ async def test_a_paused_queue_is_not_claimed_until_resumed(
 
 
 async def test_running_jobs_of_a_paused_queue_finish(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     gate = gated(registry, "t.gated")
     service = await start_service(workers=[{"queue": "etl", "concurrency": 2}])
@@ -70,7 +70,7 @@ async def test_running_jobs_of_a_paused_queue_finish(
 
 
 async def test_a_paused_queue_gets_no_hand_off(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """The end of a job normally claims the next job of its lock_key for the same worker in
     the same statement: not from a paused queue."""
@@ -127,7 +127,7 @@ async def test_pause_and_resume_are_audited_once_per_change(start_service: Start
 
 
 async def test_the_caller_of_each_change_is_recorded(
-    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+    start_service: StartService, conn: asyncpg.Connection, registry: TaskRegistry
 ) -> None:
     """Trigger, cancel and retry name the token in the job's journal; pause and resume in the
     queue's audit log."""
@@ -171,7 +171,7 @@ async def test_bad_queue_names_are_refused_and_write_nothing(
 
 
 async def test_queues_show_their_live_workers_slots_and_throughput(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     @registry.register("t.flaky")
     async def flaky(ctx: JobContext[dict[str, Any]]) -> None:

@@ -17,8 +17,8 @@ from dataloader.config import Settings
 from dataloader.core.queues import QueueLimits
 from dataloader.runner import Runner
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import Service, StartService
 from .v1_api.test_security import ADMIN, TOKENS, TRIGGER, bearer
@@ -48,7 +48,7 @@ class Ledger:
         return sorted(start for _, start, _ in self.spans)
 
 
-def ledgered(registry: PipelineRegistry, name: str, ledger: Ledger, hold_sec: float) -> None:
+def ledgered(registry: TaskRegistry, name: str, ledger: Ledger, hold_sec: float) -> None:
     @registry.task(name, queue="limited")
     async def run(ctx: JobContext[dict[str, Any]]) -> None:
         start = time.monotonic()
@@ -76,7 +76,7 @@ async def run_all(service: Service, jobs: int, partitions: int = 1) -> None:
 
 
 async def test_running_jobs_of_a_queue_stay_within_its_limit_across_replicas(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     ledger = Ledger()
     ledgered(registry, "t.ledgered", ledger, hold_sec=0.02)
@@ -87,7 +87,7 @@ async def test_running_jobs_of_a_queue_stay_within_its_limit_across_replicas(
 
 
 async def test_each_partition_key_stays_within_its_limit(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     ledger = Ledger()
     ledgered(registry, "t.ledgered", ledger, hold_sec=0.02)
@@ -99,7 +99,7 @@ async def test_each_partition_key_stays_within_its_limit(
 
 
 async def test_starts_per_second_stay_within_the_rate(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     """A bucket of one second's worth (20 jobs), refilled at 20 per second: the n-th start
     comes at least (n - 20) / 20 seconds after the first."""
@@ -168,7 +168,7 @@ async def test_the_library_refuses_bad_limits() -> None:
 
 
 async def test_a_queue_whose_limits_are_removed_is_claimed_freely_again(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     ledger = Ledger()
     ledgered(registry, "t.ledgered", ledger, hold_sec=0.05)
@@ -223,7 +223,7 @@ async def test_a_full_partition_key_does_not_hide_the_jobs_of_others_behind_it(
 
 
 async def test_workers_held_back_by_a_limit_wait_for_room_instead_of_claiming_again(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     """Rounds that claim nothing because the limit is reached are not repeated at once: the
     worker waits until a job leaves `running` (a notification, from any replica). A backlog
@@ -264,7 +264,7 @@ SLOTS = {
 )
 async def test_run_until_empty_waits_for_the_jobs_a_limit_holds_back(
     make_settings: Callable[..., Settings],
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     limits: dict[str, Any],
     jobs: int,
     slots: dict[str, Any],

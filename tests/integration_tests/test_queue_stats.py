@@ -11,8 +11,8 @@ import asyncpg
 
 from dataloader import NonRetryableError, QueueStats
 from dataloader.storage import queries
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import wait_until
@@ -20,7 +20,7 @@ from .test_lock_keys import gated
 
 
 async def test_each_state_is_counted_in_its_queue(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     gate = gated(registry, "t.gated")
 

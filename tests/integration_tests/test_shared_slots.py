@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 
 from dataloader import Batch, JobStatus
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import Service, StartService
 from .test_batches import assert_handed_back, scrape
@@ -24,7 +24,7 @@ async def enqueue(service: Service, queue: str, n: int, task: str = "s.record") 
     return [r.job_id for r in await service.dl.enqueue_many(jobs)]
 
 
-def recording(registry: PipelineRegistry, seen: list[str]) -> None:
+def recording(registry: TaskRegistry, seen: list[str]) -> None:
     @registry.task("s.record")
     async def record(ctx: JobContext[dict[str, Any]]) -> None:
         seen.append(ctx.job.queue)
@@ -32,7 +32,7 @@ def recording(registry: PipelineRegistry, seen: list[str]) -> None:
 
 
 async def test_one_slot_serves_each_queue_in_turn_a_batch_at_a_time(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     seen: list[str] = []
     recording(registry, seen)
@@ -47,7 +47,7 @@ async def test_one_slot_serves_each_queue_in_turn_a_batch_at_a_time(
 
 
 async def test_a_queue_with_little_work_is_served_beside_a_big_backlog(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     seen: list[str] = []
     recording(registry, seen)
@@ -63,7 +63,7 @@ async def test_a_queue_with_little_work_is_served_beside_a_big_backlog(
 
 
 async def test_the_slots_bound_the_jobs_running_at_once(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     running = 0
     most = 0
@@ -89,7 +89,7 @@ async def test_the_slots_bound_the_jobs_running_at_once(
 
 
 async def test_a_batched_task_takes_its_batch_size_in_one_call(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     sizes: list[int] = []
 
@@ -108,7 +108,7 @@ async def test_a_batched_task_takes_its_batch_size_in_one_call(
 
 
 async def test_delayed_jobs_and_new_jobs_wake_the_slots(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     seen: list[str] = []
     recording(registry, seen)
@@ -125,7 +125,7 @@ async def test_delayed_jobs_and_new_jobs_wake_the_slots(
 
 
 async def test_a_stop_hands_back_the_cycles_jobs_not_started(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     started: list[int] = []
     first_started = asyncio.Event()
@@ -148,7 +148,7 @@ async def test_a_stop_hands_back_the_cycles_jobs_not_started(
 
 
 async def test_status_metrics_and_presence_show_the_shared_slots(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     seen: list[str] = []
     recording(registry, seen)

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from dataloader import testing
 from dataloader.core.models import Stage
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 from .helpers import event_payloads, wait_until
@@ -29,7 +29,7 @@ async def _jobs_of(conn: asyncpg.Connection, task: str) -> list[asyncpg.Record]:
 
 
 async def test_a_chain_of_stages_passes_each_result_on(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.task("etl.extract", queue="etl", then="etl.transform")
     async def extract(ctx: JobContext[dict[str, Any]]) -> dict[str, int]:
@@ -63,7 +63,7 @@ async def test_a_chain_of_stages_passes_each_result_on(
 
 
 async def test_the_handler_adds_stages_with_their_own_options(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     class Report(BaseModel):
         day: str
@@ -102,7 +102,7 @@ async def test_the_handler_adds_stages_with_their_own_options(
 
 
 async def test_a_failed_stage_stops_the_chain_and_says_where(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.task("etl.flaky", queue="etl", then="etl.next")
     async def flaky(ctx: JobContext[dict[str, Any]]) -> None:
@@ -132,7 +132,7 @@ async def test_a_failed_stage_stops_the_chain_and_says_where(
 
 
 async def test_a_success_is_written_only_with_its_stages(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     """When the stages cannot be written, neither is the success: the outcome's write is tried
     again, and both land together once it can."""
@@ -168,7 +168,7 @@ async def test_a_success_is_written_only_with_its_stages(
 
 
 async def test_a_stage_its_task_refuses_fails_the_job(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     class Needs(BaseModel):
         day: str
@@ -191,7 +191,7 @@ async def test_a_stage_its_task_refuses_fails_the_job(
 
 
 async def test_run_task_shows_the_stages_a_success_would_enqueue() -> None:
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
 
     @registry.task("etl.a", queue="etl", then="etl.b")
     async def a(ctx: JobContext[dict[str, Any]]) -> dict[str, int]:
@@ -203,7 +203,7 @@ async def test_run_task_shows_the_stages_a_success_would_enqueue() -> None:
 
 
 def test_stages_are_checked_when_asked_for() -> None:
-    registry = PipelineRegistry()
+    registry = TaskRegistry()
     with pytest.raises(ValueError, match="a batched task has no next stages"):
         registry.task("b", queue="q", batch_size=10, then="c")
     with pytest.raises(ValueError, match="then"):

@@ -16,9 +16,9 @@ from dataloader.maintenance.leader import Leadership
 from dataloader.maintenance.runner import Maintenance, Periodic
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.heartbeat import Heartbeat
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.supervisor import Supervisor, backoff
 
 from .conftest import StartService
@@ -197,7 +197,7 @@ async def test_a_queue_loop_that_raises_is_restarted_and_its_jobs_run(
 
 async def test_a_heartbeat_that_raises_stops_the_running_jobs_before_it_restarts(
     start_service: StartService,
-    registry: PipelineRegistry,
+    registry: TaskRegistry,
     conn: asyncpg.Connection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService
 
@@ -24,7 +24,7 @@ async def tasks_of(service: Any) -> list[dict[str, Any]]:
 
 
 async def test_live_workers_publish_each_task_with_its_schemas(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     @registry.task("reports.build", queue="reports", args=ReportArgs, max_attempts=2)
     async def build(ctx: JobContext[ReportArgs]) -> dict[str, int]:
@@ -49,7 +49,7 @@ async def test_a_process_without_workers_publishes_no_task(start_service: StartS
 
 
 async def test_two_contracts_under_one_name_are_both_listed(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     """A rolling upgrade: the old and the new process publish different args for one task."""
     old = registry.copy()

@@ -19,8 +19,8 @@ from dataloader.core.models import JobState
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.exceptions import InvalidJob, InvalidJobArgs, JobLost
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import TaskRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import Service, StartService

@@ -9,8 +9,8 @@ import asyncpg
 from pydantic import BaseModel
 
 from dataloader.exceptions import NonRetryableError
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from .conftest import StartService, wait_until
 from .helpers import event_kinds, lifecycle_kinds
@@ -31,7 +31,7 @@ async def test_noop_job_succeeds_and_is_journaled(
 
 
 async def test_heartbeat_extends_the_lease_while_the_job_runs(
-    start_service: StartService, conn: asyncpg.Connection, registry: PipelineRegistry
+    start_service: StartService, conn: asyncpg.Connection, registry: TaskRegistry
 ) -> None:
     release = asyncio.Event()
 
@@ -103,7 +103,7 @@ async def test_retry_waits_base_times_attempt(
 
 
 async def test_non_retryable_error_fails_at_once(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     @registry.register("t.fatal")
     async def fatal(ctx: JobContext[dict[str, Any]]) -> None:
@@ -117,7 +117,7 @@ async def test_non_retryable_error_fails_at_once(
 
 
 async def test_invalid_args_fail_without_retry(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     class Args(BaseModel):
         day: int
@@ -148,7 +148,7 @@ async def test_unknown_task_is_retried_then_failed(start_service: StartService) 
     assert "no task registered as 'nobody.knows'" in body["error"]
 
 
-async def test_priority_order(start_service: StartService, registry: PipelineRegistry) -> None:
+async def test_priority_order(start_service: StartService, registry: TaskRegistry) -> None:
     order: list[int] = []
 
     @registry.register("t.record")
@@ -187,7 +187,7 @@ async def test_pipeline_progress_is_visible(start_service: StartService) -> None
 
 
 async def test_pipeline_gets_the_app_context(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     from sqlalchemy import text
 

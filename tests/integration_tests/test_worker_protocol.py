@@ -12,9 +12,9 @@ import asyncpg
 import pytest
 
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers import reaper as reaper_module
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.reaper import Reaper
 
 from .conftest import ADVISORY_LOCKS, StartService, wait_until
@@ -52,7 +52,7 @@ async def test_busy_lock_key_backs_off_without_consuming_an_attempt(
 
 
 async def test_jobs_sharing_a_lock_key_never_overlap_across_workers(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     runs: list[tuple[float, float]] = []
     active = 0
@@ -82,7 +82,7 @@ async def test_jobs_sharing_a_lock_key_never_overlap_across_workers(
 
 
 async def test_jobs_with_different_lock_keys_run_in_parallel(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     all_started = asyncio.Event()
     started = 0
@@ -102,7 +102,7 @@ async def test_jobs_with_different_lock_keys_run_in_parallel(
 
 
 async def test_busy_lock_keys_cause_no_backoff_storm(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     @registry.register("t.short")
     async def short(ctx: JobContext[dict[str, Any]]) -> None:
@@ -206,7 +206,7 @@ async def test_a_reaper_pass_reaches_expired_jobs_behind_rows_held_elsewhere(
 
 
 async def test_zombie_worker_stops_and_cannot_overwrite_the_new_owner(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     stopped = block_first_run(registry, "t.forever")
 
@@ -235,7 +235,7 @@ async def _not_running(service: Any, job_id: str) -> bool:
 
 
 async def test_lost_lock_connection_stops_the_pipeline_and_requeues_the_job(
-    start_service: StartService, registry: PipelineRegistry, conn: asyncpg.Connection
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
 ) -> None:
     stopped = block_first_run(registry, "t.hold")
 

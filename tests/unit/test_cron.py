@@ -21,7 +21,7 @@ from dataloader.core.cron import (
 )
 from dataloader.exceptions import ConfigError
 from dataloader.maintenance.cron import schedules
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 UTC_ZONE = ZoneInfo("UTC")
 

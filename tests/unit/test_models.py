@@ -20,7 +20,7 @@ from dataloader.core.models import (
     NewJob,
 )
 from dataloader.exceptions import InvalidJob
-from dataloader.workers.pipelines.registry import Task
+from dataloader.tasks import Task
 
 NOON = datetime(2030, 1, 1, 12, tzinfo=UTC)
 

@@ -1,16 +1,24 @@
-"""Unit tests of `TaskRegistry.task` (its option checks) and `Task.check_args` (strict JSON)."""
+"""Unit tests of `TaskRegistry.task` (its option checks), `Task.check_args` (strict JSON), and
+the older import paths of the definitions (`workers.pipelines.registry`)."""
 
 from __future__ import annotations
 
+import importlib
 from datetime import date, timedelta
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+import dataloader
+from dataloader import tasks
 from dataloader.core.retry import Exponential, Fixed
 from dataloader.exceptions import InvalidJobArgs
-from dataloader.workers.pipelines.registry import Task, TaskRegistry
+from dataloader.tasks import Task, TaskRegistry
+from dataloader.workers import batches, pipelines
+
+#: The module itself: the package's attribute `registry` is the registry object.
+old = importlib.import_module("dataloader.workers.pipelines.registry")
 
 
 async def handler(ctx: Any) -> None:
@@ -313,3 +321,19 @@ def test_parse_args_is_lax_where_check_args_is_strict() -> None:
     parsed = task.parse_args({"count": "5"})
     assert isinstance(parsed, Args)
     assert parsed.count == 5
+
+
+# --- where the definitions are imported from --------------------------------------------------
+
+
+def test_the_registry_module_and_the_package_offer_the_same_definitions() -> None:
+    for name in ("Task", "TaskRegistry", "Handler", "describe", "registry", "task"):
+        assert getattr(old, name) is getattr(tasks, name), name
+    for name in ("Task", "TaskRegistry", "registry", "task"):
+        assert getattr(dataloader, name) is getattr(tasks, name), name
+    # the older names
+    assert old.Pipeline is tasks.Task
+    assert old.PipelineRegistry is dataloader.PipelineRegistry is tasks.TaskRegistry
+    assert pipelines.PipelineRegistry is tasks.TaskRegistry
+    assert dataloader.pipeline == old.pipeline == tasks.registry.register
+    assert batches.HandlerStats is dataloader.HandlerStats

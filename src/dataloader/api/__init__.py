@@ -29,15 +29,15 @@ from dataloader.runner import Runner
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.presence import PresenceStore
-from dataloader.workers.pipelines.registry import PipelineRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
+from dataloader.tasks import TaskRegistry
+from dataloader.tasks import registry as default_registry
 
 #: Where the files of the docs pages are served (open, like the pages: they hold no data).
 DOCS_ASSETS_URL = "/docs/assets"
 
 
 def create_app(
-    settings: Settings, registry: PipelineRegistry | None = None, *, run_workers: bool = True
+    settings: Settings, registry: TaskRegistry | None = None, *, run_workers: bool = True
 ) -> FastAPI:
     """Build the service. `run_workers=False` serves the API only. ContractError when
     `settings.contract_file` cannot be read."""

@@ -15,7 +15,7 @@ import time
 from dataloader.core.routing import KnownTasks, Route, check_route
 from dataloader.exceptions import InvalidJob, UnknownTask
 from dataloader.storage.presence import PresenceStore
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 #: Age of the cached set beyond which a trigger reads it again.
 CACHE_SEC = 1.0

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from dataloader.core.limits import ARGS_MAX_ARRAY_NESTING, NO_NUL_PATTERN
-from dataloader.workers.pipelines.registry import PipelineRegistry
+from dataloader.tasks import TaskRegistry
 
 TRIGGER_PATH = "/api/v1/jobs/trigger"
 #: Operations that take the job_id a trigger answers with.
@@ -61,7 +61,7 @@ JSON_OBJECT: dict[str, Any] = {
 }
 
 
-def install_openapi(app: FastAPI, *, secured: bool, registry: PipelineRegistry) -> None:
+def install_openapi(app: FastAPI, *, secured: bool, registry: TaskRegistry) -> None:
     """Serve the exact schema from `app`, built once, on first use (tasks registered by then
     have their args in it)."""
 
@@ -84,7 +84,7 @@ def install_openapi(app: FastAPI, *, secured: bool, registry: PipelineRegistry) 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
-def _task_args(schema: dict[str, Any], registry: PipelineRegistry) -> None:
+def _task_args(schema: dict[str, Any], registry: TaskRegistry) -> None:
     """The trigger's `args` follow the model of each task of `registry` that has one."""
     schemas = schema["components"]["schemas"]
     trigger = schemas["TriggerRequest"]

@@ -31,7 +31,7 @@ from dataloader.exceptions import (
 from dataloader.logger.utils import mask_text
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 #: Always registered: used by the README and the tests.
 BUILTIN_PIPELINES = ("dataloader.workers.pipelines.demo",)

@@ -19,8 +19,8 @@ from dataloader.contract import (
     load_contract_file,
 )
 from dataloader.exceptions import ConfigError
-from dataloader.workers.pipelines.registry import TaskRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
+from dataloader.tasks import TaskRegistry
+from dataloader.tasks import registry as default_registry
 
 contract_app = typer.Typer(
     help="Queue contracts: a YAML file of queues, tasks, options and args fields.",

@@ -51,7 +51,7 @@ from dataloader.core.routing import check_route
 from dataloader.exceptions import ConfigError, InvalidJob, JobNotFound
 from dataloader.storage.presence import PresenceStore
 from dataloader.storage.repositories import BulkResult, JobPage
-from dataloader.workers.pipelines.registry import registry as default_registry
+from dataloader.tasks import registry as default_registry
 
 
 def enqueue(

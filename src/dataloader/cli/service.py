@@ -30,8 +30,8 @@ from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.maintenance.cron import configured_schedules
 from dataloader.storage.migrate import MigrationReport
 from dataloader.storage.presence import PresenceStore
+from dataloader.tasks import registry as default_registry
 from dataloader.workers.destinations import check_at_start
-from dataloader.workers.pipelines.registry import registry as default_registry
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

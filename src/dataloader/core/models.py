@@ -23,7 +23,7 @@ from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import InvalidJob
 
 if TYPE_CHECKING:
-    from dataloader.workers.pipelines.registry import Task
+    from dataloader.tasks import Task
 
 #: The spec's defaults (its DDL's), used when neither the task nor the settings say otherwise.
 DEFAULT_PRIORITY: Final = 100

@@ -24,7 +24,7 @@ from dataloader.core.models import NewJob
 from dataloader.exceptions import ConfigError, IdempotencyConflict, InvalidJobArgs
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.maintenance import CronState, MaintenanceStore
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 if TYPE_CHECKING:
     from dataloader.client import Client

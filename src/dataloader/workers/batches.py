@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.core import limits
+from dataloader.core.handler_stats import HandlerStats as HandlerStats  # still importable from here
 from dataloader.core.retry import seconds
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.storage.protocol import ClaimedJob
@@ -65,22 +66,6 @@ class BatchItem(Generic[ArgsT]):
     @property
     def max_attempts(self) -> int:
         return self.job.max_attempts
-
-
-@dataclass(slots=True)
-class HandlerStats:
-    """What one call of a batch handler did, counted by the worker from its settlements."""
-
-    #: Jobs settled `done`.
-    processed: int = 0
-    #: Jobs that did not succeed: settled `retry` or `fail`, or left unsettled.
-    errors: int = 0
-    #: Of those, the jobs sent to another attempt (`retry`, or left unsettled with one left).
-    retried: int = 0
-    #: Seconds from the call to its return.
-    duration_sec: float = 0.0
-    #: The last error of the batch (None: every job succeeded).
-    last_error: str | None = None
 
 
 #: Called with each job's outcome as the handler settles it (the worker queues its write).

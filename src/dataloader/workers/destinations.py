@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataloader.config import CronSpec
 from dataloader.core.routing import Destination, KnownTasks, check_destinations
 from dataloader.storage.presence import PresenceStore
-from dataloader.workers.pipelines.registry import TaskRegistry
+from dataloader.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
 

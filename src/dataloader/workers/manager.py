@@ -21,13 +21,13 @@ from dataloader.storage import db
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.presence import PresenceStore
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.base import QueueWorker
 from dataloader.workers.completer import Completer
 from dataloader.workers.destinations import check_at_start, warn_awaited
 from dataloader.workers.heartbeat import Heartbeat
 from dataloader.workers.listener import Listener
 from dataloader.workers.locks import LockHolder
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.presence import Presence
 from dataloader.workers.processors import SharedSlots
 from dataloader.workers.reaper import Reaper
@@ -47,7 +47,7 @@ WORKER_POOL_MAX = 8
 class WorkerManager:
     """All background work of one process."""
 
-    def __init__(self, app: AppContext, registry: PipelineRegistry) -> None:
+    def __init__(self, app: AppContext, registry: TaskRegistry) -> None:
         settings: Settings = app.settings
         # The workers' own pool (claims, heartbeats, outcome writes), apart from the pool the
         # API and pipelines use: pipelines holding every connection of theirs cannot starve a

@@ -24,9 +24,9 @@ from typing import Any
 
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.presence import PresenceStore, WorkerInfo
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.fencing import PresenceFence
 from dataloader.workers.pipelines.contracts import registry_specs
-from dataloader.workers.pipelines.registry import PipelineRegistry
 from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Presence:
         store: PresenceStore,
         worker_id: str,
         queues: dict[str, int],
-        registry: PipelineRegistry,
+        registry: TaskRegistry,
         period_sec: float,
         fence: PresenceFence,
         ended: Counter[tuple[str, str]] | None = None,

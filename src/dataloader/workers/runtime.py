@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from dataloader.core.models import NewJob
 from dataloader.logger.summary import Summary
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.fencing import PresenceFence, beat_period_for
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -97,7 +97,7 @@ class WorkerRuntime:
     app: AppContext
     protocol: WorkerProtocol
     locks: LockHolder
-    registry: PipelineRegistry
+    registry: TaskRegistry
     worker_id: str
     #: What the process's jobs ended as, per queue, logged every DL_LOG_SUMMARY_SEC.
     summary: Summary

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dataloader.core import limits
 from dataloader.core.models import NewJob, Stage
 from dataloader.storage.protocol import ClaimedJob
-from dataloader.workers.pipelines.registry import Task
+from dataloader.tasks import Task
 
 if TYPE_CHECKING:
     from dataloader.client import Client

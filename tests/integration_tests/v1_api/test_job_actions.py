@@ -10,8 +10,8 @@ import uuid
 import asyncpg
 import pytest
 
+from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import PipelineRegistry
 
 from ..conftest import StartService
 from ..helpers import wait_until
@@ -182,7 +182,7 @@ def server_sent_events(text: str) -> list[dict[str, str]]:
 
 
 async def test_a_job_is_streamed_until_it_ends(
-    start_service: StartService, registry: PipelineRegistry
+    start_service: StartService, registry: TaskRegistry
 ) -> None:
     gate = asyncio.Event()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from dataloader.workers.pipelines.registry import Task, TaskRegistry
+from dataloader.tasks import Task, TaskRegistry
 
 #: The schema of any JSON object (a task without an args model takes any).
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
