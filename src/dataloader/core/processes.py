@@ -34,6 +34,7 @@ from enum import Enum, StrEnum
 from typing import Any, Final
 
 from dataloader.core import limits
+from dataloader.core.retry import RetryPolicy
 
 #: Prefix of the task name of a namespace's processor (`process:orders`).
 TASK_PREFIX: Final = "process:"
@@ -128,6 +129,7 @@ class Process:
 
     namespace: str
     process_id: str
+    queue: str
     status: ProcessStatus
     detail: str | None
     aux_state: Any
@@ -309,6 +311,8 @@ class ProcessFacts:
 
     process_ref: int
     status: ProcessStatus
+    #: The queue its tasks are jobs of.
+    queue: str = ""
     timer_task: uuid.UUID | None = None
     #: The init task's args as JSON text (a repeated start is compared with them).
     init_args_json: str | None = None
@@ -563,8 +567,9 @@ def _detail(value: object) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """How a namespace's tasks run: its queue and priority, how many events its processor is
-    given, how long a step may take, how often a raising processor is called again, and
-    whether its processor may be called twice for one task (after a crash half-way)."""
+    given, how long a step may take, how often a raising processor is called (`attempts`,
+    after the delays of `retry`), and whether its processor may be called twice for one task
+    (after a crash half-way: `idempotent`)."""
 
     name: str
     queue: str
@@ -572,8 +577,8 @@ class Namespace:
     history: int = DEFAULT_HISTORY
     step_timeout_sec: float = 60.0
     attempts: int = 3
+    retry: RetryPolicy | None = None
     idempotent: bool = False
-    lease_ttl_sec: int | None = None
 
     def __post_init__(self) -> None:
         check_namespace(self.name)
@@ -589,3 +594,14 @@ class Namespace:
     @property
     def task(self) -> str:
         return task_name_of(self.name)
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts of a task's job (claims that started it): an idempotent processor's task
+        runs again after a crash, `attempts` times in all; any other's second attempt is a
+        zombie (`before_step`)."""
+        return self.attempts if self.idempotent else ZOMBIE_ATTEMPT
+
+
+#: The attempt of a task of a processor that is not idempotent that finds it a zombie.
+ZOMBIE_ATTEMPT: Final = 2

@@ -35,15 +35,15 @@ from dataloader.storage.statement import Statement
 #: Take `process_id` in `namespace` for a new process (status `init`), unless a live process
 #: holds it: then no row.
 START_PROCESS: Final = Statement("""
-INSERT INTO dl_processes (namespace, process_id, init_args, metadata)
-VALUES (:namespace, :process_id, :init_args::text::jsonb, :metadata::text::jsonb)
+INSERT INTO dl_processes (namespace, process_id, queue, init_args, metadata)
+VALUES (:namespace, :process_id, :queue, :init_args::text::jsonb, :metadata::text::jsonb)
 ON CONFLICT (namespace, process_id) WHERE removed_at IS NULL DO NOTHING
 RETURNING process_ref
 """)
 
 #: What decisions need of a live process, by its id.
 PROCESS_FACTS: Final = Statement("""
-SELECT process_ref, status, timer_task, init_args::text AS init_args
+SELECT process_ref, queue, status, timer_task, init_args::text AS init_args
 FROM dl_processes
 WHERE namespace = :namespace AND process_id = :process_id AND removed_at IS NULL
 """)
@@ -51,7 +51,8 @@ WHERE namespace = :namespace AND process_id = :process_id AND removed_at IS NULL
 
 #: A live process as readers see it, by its id.
 GET_PROCESS: Final = Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at
 FROM dl_processes p
@@ -63,7 +64,8 @@ WHERE p.namespace = :namespace AND p.process_id = :process_id AND p.removed_at I
 #: range above `last_event_id - history`: a process of a million events costs what one of ten
 #: does.
 STEP_INPUT: Final = Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at,
        e.event_id, e.task_id AS event_task, e.ts AS event_ts, e.payload::text AS payload,
@@ -116,7 +118,8 @@ SELECT last_event_id FROM upd
 #: given, so that each is planned for its index (ix_dl_processes_list, ix_dl_processes_status).
 LIST_PROCESSES: Final = {
     (False, False): Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at
 FROM dl_processes p
@@ -124,7 +127,8 @@ WHERE p.removed_at IS NULL AND p.process_ref < :before
 ORDER BY p.process_ref DESC LIMIT :limit
 """),
     (True, False): Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at
 FROM dl_processes p
@@ -132,7 +136,8 @@ WHERE p.removed_at IS NULL AND p.namespace = :namespace AND p.process_ref < :bef
 ORDER BY p.namespace, p.process_ref DESC LIMIT :limit
 """),
     (False, True): Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at
 FROM dl_processes p
@@ -140,7 +145,8 @@ WHERE p.removed_at IS NULL AND p.status = :status AND p.process_ref < :before
 ORDER BY p.status, p.process_ref DESC LIMIT :limit
 """),
     (True, True): Statement("""
-SELECT p.process_ref, p.namespace, p.process_id, p.status, p.detail, p.aux_state::text AS aux_state,
+SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
+       p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at
 FROM dl_processes p
@@ -198,6 +204,7 @@ def facts_of(row: Record) -> ProcessFacts:
     return ProcessFacts(
         row["process_ref"],
         ProcessStatus(row["status"]),
+        queue=row["queue"],
         timer_task=row["timer_task"],
         init_args_json=row["init_args"],
     )
@@ -210,6 +217,7 @@ def process_of(row: Record, history: tuple[Event, ...] = ()) -> Process:
     return Process(
         namespace=row["namespace"],
         process_id=row["process_id"],
+        queue=row["queue"],
         status=ProcessStatus(row["status"]),
         detail=row["detail"],
         aux_state=_loads(row["aux_state"]),
@@ -244,6 +252,7 @@ async def start_process(
     conn: AnyConnection,
     namespace: str,
     process_id: str,
+    queue: str,
     init_args_json: str,
     metadata_json: str,
 ) -> tuple[ProcessFacts, bool]:
@@ -254,12 +263,15 @@ async def start_process(
             *START_PROCESS.bind(
                 namespace=namespace,
                 process_id=process_id,
+                queue=queue,
                 init_args=init_args_json,
                 metadata=metadata_json,
             )
         )
         if ref is not None:
-            return ProcessFacts(ref, ProcessStatus.INIT, init_args_json=init_args_json), True
+            return ProcessFacts(
+                ref, ProcessStatus.INIT, queue=queue, init_args_json=init_args_json
+            ), True
         existing = await process_facts(conn, namespace, process_id)
         if existing is not None:  # else removed meanwhile: the id is free again
             return existing, False

@@ -10,6 +10,8 @@ CREATE TABLE IF NOT EXISTS dl_processes (
     process_ref bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     namespace text NOT NULL,
     process_id text NOT NULL,
+    -- the queue its tasks are jobs of (its namespace's, when it was started)
+    queue text NOT NULL,
     status text NOT NULL DEFAULT 'init',
     detail text,
     aux_state jsonb,
