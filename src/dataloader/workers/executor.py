@@ -62,13 +62,14 @@ Returned = Callable[[object, int], Outcome]
 
 
 class Executor:
-    """Runs tasks' handlers for the jobs of one process: builds each job's context from
-    `app` (what the handler may reach) and `protocol` (where its progress and checkpoints are
-    written), and bounds results to `max_result_bytes`. With `build_stages`, a success's next
-    stages are built as jobs (`RunningJob.stages`), with the checks of any enqueue (through
-    `app.client`); without, only named in the outcome (a run without a database).
+    """Runs tasks' handlers for a worker's jobs (or an inline run's): builds each job's
+    context from `app` (what the handler may reach) and `protocol` (where its progress and
+    checkpoints are written), and bounds results to `max_result_bytes`. With `build_stages`, a
+    success's next stages are built as jobs (`RunningJob.stages`), with the checks of any
+    enqueue (through `app.client`); without, only named in the outcome (a run without a
+    database).
 
-    One executor serves every job of its process: nothing in it belongs to a single run."""
+    One executor serves every job of its worker: nothing in it belongs to a single run."""
 
     def __init__(
         self,
