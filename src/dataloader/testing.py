@@ -8,18 +8,17 @@ make of it (`run_task`); a queue in memory with PostgreSQL's semantics (`InMemor
         assert run.status == "succeeded"
         assert run.result == {"region": "eu", "rows": 200}
 
-The task runs as a worker runs it: its args are checked and parsed by its model, its timeout
-applies, `ctx.set_progress`, `ctx.checkpoint` and `ctx.iterate` work (their writes are kept in
-the returned `TaskRun`), and how it ended is decided by the same rules: a success stores its
-JSON result, an exception is retried after the task's retry policy's delay unless it is
-non-retryable or the attempts are spent, `ctx.check_cancelled()` after `cancel=True` cancels.
+The task runs as a worker runs it, through the worker's own executor (`workers.executor`):
+its args are checked and parsed by its model, its timeout applies, `ctx.set_progress`,
+`ctx.checkpoint` and `ctx.iterate` work (their writes are kept in the returned `TaskRun`), and
+how it ended is decided by the same rules: a success stores its JSON result, an exception is
+retried after the task's retry policy's delay unless it is non-retryable or the attempts are
+spent, `ctx.check_cancelled()` after `cancel=True` cancels.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,10 +41,9 @@ from dataloader.core.transitions import (
 )
 from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArgs, JobNotFound
 from dataloader.storage.protocol import ClaimedJob
-from dataloader.workers.base import call_batch_handler, outcome_of, within_timeout
 from dataloader.workers.batches import HandlerStats
 from dataloader.workers.completer import decide
-from dataloader.workers.job_context import JobContext
+from dataloader.workers.executor import Executor
 from dataloader.workers.pipelines.registry import Task, TaskRegistry
 from dataloader.workers.pipelines.registry import registry as default_registry
 from dataloader.workers.runtime import RunningJob
@@ -53,6 +51,7 @@ from dataloader.workers.stages import stages_of
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
+    from dataloader.storage.protocol import WorkerProtocol
 
 
 @dataclass
@@ -105,6 +104,19 @@ class _InlineApp:
         raise RuntimeError(f"ctx.{name} is not available in run_task (no database)")
 
 
+def _executor(settings: Settings, resources: Any, row: _Row | None) -> Executor:
+    """The worker's executor, with what an inline run gives its task: `settings` and
+    `resources` (nothing that needs a database), its writes kept in `row` (None for a batch,
+    which writes none). A success's next
+    stages are named, not built (their checks need the queue's client)."""
+    return Executor(
+        app=cast("AppContext", _InlineApp(settings, resources)),
+        protocol=cast("WorkerProtocol", row),
+        max_result_bytes=settings.max_result_bytes,
+        build_stages=False,
+    )
+
+
 async def run_task(
     task: str | Task,
     args: Any = None,
@@ -129,22 +141,8 @@ async def run_task(
     settings = settings if settings is not None else Settings(_env_file=None)
     run = TaskRun(status=JobStatus.RUNNING)
     running = RunningJob(job)
-    ctx: JobContext[Any] = JobContext(
-        job,
-        found.parse_args(job.args),
-        app=cast("AppContext", _InlineApp(settings, resources)),
-        state=running.state,
-        protocol=cast(Any, _Row(run, cancel)),
-    )
-    coro = found.handler(ctx)
-    started = time.monotonic()
-    pipeline: asyncio.Task[object] = asyncio.create_task(
-        coro if found.timeout_sec is None else within_timeout(coro, found.timeout_sec)
-    )
-    running.attach(pipeline)
-    await asyncio.wait([pipeline])
-    run.duration_ms = round((time.monotonic() - started) * 1000)
-    outcome = outcome_of(running, found, run.duration_ms, settings.max_result_bytes)
+    outcome = await _executor(settings, resources, _Row(run, cancel)).execute(found, running)
+    run.duration_ms = outcome.duration_ms or 0
     if outcome.ended is Ended.SUCCEEDED:
         run.stages = stages_of(found, running.state.stages, outcome.result)
     return _decided(run, outcome, job, found, settings)
@@ -179,12 +177,10 @@ async def run_batch(
     settings = settings if settings is not None else Settings(_env_file=None)
     jobs = [_inline_job(found, values, attempt, max_attempts, None, False) for values in args]
     settled: dict[uuid.UUID, Outcome] = {}
-    stats = await call_batch_handler(
-        [RunningJob(job) for job in jobs],
+    stats = await _executor(settings, resources, None).execute_batch(
         found,
-        app=cast("AppContext", _InlineApp(settings, resources)),
-        settle=lambda job, outcome: settled.__setitem__(job.job_id, outcome),
-        max_result_bytes=settings.max_result_bytes,
+        [RunningJob(job) for job in jobs],
+        lambda job, outcome: settled.__setitem__(job.job_id, outcome),
     )
     runs = []
     for job in jobs:

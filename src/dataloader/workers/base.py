@@ -1,14 +1,11 @@
 """One queue's worker: claim as many jobs as there are free slots, lock, run, finish.
 
 claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
-                                             └─ held ─► task ─► unlock ─► finish
+                                             └─ held ─► run ─► unlock ─► finish
 
-A task runs in an asyncio task of its own, cancelled after its `timeout` (the attempt then
-fails with TaskTimeout, retried like any failure) or when the job stops being ours. How it
-ended becomes an `Outcome`: its return value as JSON (refused, failing the attempt at once,
-when it is not JSON or exceeds DL_MAX_RESULT_BYTES: never cut), or its error, with the delay it
-asked for (`Retry(after=…)`) or whether it may be retried at all (NonRetryableError, the
-task's `non_retryable` types). Backoffs and outcomes are decided and written by the completer,
+Each job, or batch of a batched task's jobs, runs in a slot of its own through the process's
+`Executor` (`workers.executor`: the handler's call, its timeout, what it ended as), stopped
+when the job stops being ours. Backoffs and outcomes are decided and written by the completer,
 which retries them until they land.
 """
 
@@ -17,42 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 from dataloader import metrics
-from dataloader.core import limits
 from dataloader.core.transitions import Ended, Outcome
-from dataloader.exceptions import (
-    InvalidJob,
-    InvalidJobArgs,
-    JobCanceled,
-    JobLost,
-    NonRetryableError,
-    Retry,
-    TaskTimeout,
-)
 from dataloader.logger import log_context
-from dataloader.storage.db import storable_text
 from dataloader.storage.protocol import ClaimedJob
-from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
 from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
-from dataloader.workers.job_context import JobContext
+from dataloader.workers.executor import Executor
 from dataloader.workers.locks import LockConnectionLost
 from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
-from dataloader.workers.stages import stage_jobs, stages_of
 from dataloader.workers.waiting import wait_any
 
-if TYPE_CHECKING:
-    from dataloader.context import AppContext
-
 log = logging.getLogger(__name__)
-
-#: Longest error text stored in `dl_jobs.error`.
-MAX_ERROR_CHARS = 4000
 
 
 class Slots:
@@ -67,6 +42,11 @@ class Slots:
         self.concurrency = concurrency
         self._rt = runtime
         self._completer = completer
+        self._executor = Executor(
+            app=runtime.app,
+            protocol=runtime.protocol,
+            max_result_bytes=runtime.settings.max_result_bytes,
+        )
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()
         #: Set while the last claims found nothing, none of the jobs runs and none waits for
@@ -189,61 +169,13 @@ class Slots:
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
             log.debug("job started (attempt %d of %d)", job.attempt, job.max_attempts)
             try:
-                outcome = await self._run_pipeline(running)
+                outcome = await self._executor.execute(self._rt.registry.get(job.task), running)
             except BaseException:
                 self._rt.running.pop(job.job_id, None)
                 await self._rt.locks.unlock([job.lock_hash])
                 raise
         # The completer takes the job out of the running set once its outcome is written.
         await self._completer.finish(running, outcome)
-
-    async def _run_pipeline(self, running: RunningJob) -> Outcome:
-        job = running.job
-        found = self._rt.registry.get(job.task)
-        if found is None:
-            # retryable: during a rolling deploy another replica may know the task
-            return Outcome(Ended.FAILED, f"no task registered as {job.task!r}")
-        try:
-            args = found.parse_args(job.args)
-            ctx = JobContext(
-                job, args, app=self._rt.app, state=running.state, protocol=self._rt.protocol
-            )
-            task: asyncio.Task[object] = asyncio.create_task(
-                found.handler(ctx)
-                if found.timeout_sec is None
-                else within_timeout(found.handler(ctx), found.timeout_sec),
-                name=f"dataloader-pipeline-{job.job_id}",
-            )
-        except InvalidJobArgs as exc:
-            return Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
-        except Exception as exc:  # a broken args model or handler: retrying cannot help
-            log.error("task could not start", exc_info=exc)
-            return Outcome(Ended.FAILED, _error_text(exc), retryable=False)
-        started = time.monotonic()
-        running.attach(task)
-        await asyncio.wait([task])
-        duration_ms = round((time.monotonic() - started) * 1000)
-        outcome = outcome_of(running, found, duration_ms, self._rt.settings.max_result_bytes)
-        return self._with_stages(running, found, outcome)
-
-    def _with_stages(self, running: RunningJob, task: Task, outcome: Outcome) -> Outcome:
-        """The outcome with the next stages it enqueues (a success: `running.stages`) or
-        stops before (a failure). A stage that cannot be enqueued (args its task refuses)
-        fails the job: retrying would make the same stage."""
-        stages = stages_of(task, running.state.stages, outcome.result)
-        if not stages:
-            return outcome
-        names = tuple(stage.task for stage in stages)
-        if outcome.ended is not Ended.SUCCEEDED:
-            return replace(outcome, stages=names)
-        try:
-            running.stages = stage_jobs(running.job, stages, self._rt.app.client)
-        except (InvalidJob, InvalidJobArgs) as exc:
-            why = f"next stage: {exc}"
-            return Outcome(
-                Ended.FAILED, why, retryable=False, duration_ms=outcome.duration_ms, stages=names
-            )
-        return replace(outcome, stages=names)
 
     async def _execute_batch(self, unit: list[RunningJob], task: Task) -> None:
         """Run a batched task's jobs in one call of its handler; each settlement is queued for
@@ -255,12 +187,10 @@ class Slots:
         queue = unit[0].job.queue
         with log_context(queue=queue, task=task.name):
             try:
-                stats = await call_batch_handler(
-                    list(runs.values()),
+                stats = await self._executor.execute_batch(
                     task,
-                    app=self._rt.app,
-                    settle=lambda job, outcome: self._completer.enqueue(runs[job.job_id], outcome),
-                    max_result_bytes=self._rt.settings.max_result_bytes,
+                    list(runs.values()),
+                    lambda job, outcome: self._completer.enqueue(runs[job.job_id], outcome),
                 )
             except BaseException:
                 unsettled = [r for r in runs.values() if not r.finished]
@@ -401,167 +331,8 @@ def declared_batch_size(runtime: WorkerRuntime, queue: str) -> int:
     return max((t.batch_size for t in runtime.registry.tasks() if t.queue == queue), default=1)
 
 
-async def call_batch_handler(
-    runs: list[RunningJob],
-    task: Task,
-    *,
-    app: AppContext,
-    settle: Settle,
-    max_result_bytes: int,
-) -> HandlerStats:
-    """Call a batched task's handler once for `runs` (jobs whose args break the task's model
-    fail at once, without it) and settle every job; returns what the call did. The worker and
-    `dataloader.testing.run_batch` call it alike."""
-    items: list[BatchItem[Any]] = []
-    stats = HandlerStats()
-    for running in runs:
-        try:
-            items.append(BatchItem(running.job, task.parse_args(running.job.args)))
-        except InvalidJobArgs as exc:
-            outcome = Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
-            count(stats, outcome, running.job)
-            settle(running.job, outcome)
-    if not items:
-        return stats
-    by_id = {r.job.job_id: r for r in runs}
-    batch: Batch[Any] = Batch(
-        items,
-        app=app,
-        settle=settle,
-        cancel_requested=lambda job_id: by_id[job_id].state.cancel_requested,
-        max_result_bytes=max_result_bytes,
-    )
-    try:
-        coro = task.handler(batch)
-        pipeline: asyncio.Task[object] = asyncio.create_task(
-            coro if task.timeout_sec is None else within_timeout(coro, task.timeout_sec),
-            name=f"dataloader-batch-{items[0].job_id}",
-        )
-    except Exception as exc:  # a handler that is not a coroutine function: retrying cannot help
-        log.error("batch handler could not start", exc_info=exc)
-        failed = Outcome(Ended.FAILED, _error_text(exc), retryable=False)
-        batch.close_all(lambda job: replace(failed))
-        return _merged(stats, batch.stats)
-    stop = _StopOnce(pipeline)
-    for item in items:
-        running = by_id[item.job_id]
-        running.on_stop = stop
-        if running.state.lost_reason is not None or running.handback:
-            stop()
-    await asyncio.wait([pipeline])
-    batch.close_all(lambda job: _unsettled(pipeline, by_id[job.job_id], task))
-    return _merged(stats, batch.stats)
-
-
-class _StopOnce:
-    """Cancels a batch's handler once, whichever of its jobs asks first: a second cancel would
-    cut short the handler's own clean-up of the first."""
-
-    def __init__(self, pipeline: asyncio.Task[object]) -> None:
-        self._pipeline = pipeline
-        self._stopped = False
-
-    def __call__(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._pipeline.cancel()
-
-
-def _unsettled(pipeline: asyncio.Task[object], running: RunningJob, task: Task) -> Outcome:
-    """The outcome of a job its batch handler left unsettled, by how the handler ended."""
-    if pipeline.cancelled():
-        if running.state.lost_reason is None and not running.handback:
-            # another job of the batch was lost: this one goes back, as the worker cut it short
-            return Outcome(Ended.HANDED_BACK, "another job of its batch was lost", refund=True)
-        return _cut_short(running, 0)
-    exc = pipeline.exception()
-    if exc is None:
-        return Outcome(Ended.FAILED, "left unsettled by the batch handler")
-    return _raised(exc, task, None)
-
-
-def _merged(first: HandlerStats, then: HandlerStats) -> HandlerStats:
-    """`then` (the handler's call) with the jobs settled before it (`first`) added."""
-    then.processed += first.processed
-    then.errors += first.errors
-    then.retried += first.retried
-    if then.last_error is None:
-        then.last_error = first.last_error
-    return then
-
-
-async def within_timeout(coro: Coroutine[Any, Any, object], timeout: float) -> object:
-    """Run a task's coroutine, cancelled after `timeout` seconds: it then fails with
-    TaskTimeout. A TimeoutError of the task's own (an inner `asyncio.timeout`, a client
-    library's) stays what it is. The limit is cooperative, like any cancellation: a task that
-    swallows CancelledError runs on."""
-    limit = asyncio.timeout(timeout)
-    try:
-        async with limit:
-            return await coro
-    except TimeoutError:
-        if limit.expired():
-            raise TaskTimeout(f"the task ran longer than its timeout of {timeout:g}s") from None
-        raise
-
-
-def outcome_of(running: RunningJob, task: Task, duration_ms: int, max_result_bytes: int) -> Outcome:
-    """Translate how the task's asyncio task ended."""
-    pipeline = running.task
-    assert pipeline is not None
-    if pipeline.cancelled():
-        return _cut_short(running, duration_ms)
-    exc = pipeline.exception()
-    if exc is None:
-        try:
-            result = limits.result_json(pipeline.result(), max_result_bytes)
-        except Exception as problem:  # never a cut: the attempt fails, and says why
-            why = str(problem) if isinstance(problem, ValueError) else _error_text(problem)
-            return Outcome(Ended.FAILED, f"result: {why}", retryable=False, duration_ms=duration_ms)
-        return Outcome(Ended.SUCCEEDED, result=result, duration_ms=duration_ms)
-    return _raised(exc, task, duration_ms)
-
-
-def _cut_short(running: RunningJob, duration_ms: int | None) -> Outcome:
-    """A run whose task was cancelled: by our side (lock or lease lost, shutdown), refunded;
-    otherwise (someone cancelled the task itself) a failure."""
-    lost = running.state.lost_reason
-    if lost is not None:  # our side failed the job (lock or lease): refunded, bounded
-        return Outcome(Ended.HANDED_BACK, lost, refund=True, duration_ms=duration_ms)
-    if running.handback:
-        return Outcome(
-            Ended.HANDED_BACK, "worker shutting down", refund=True, duration_ms=duration_ms
-        )
-    return Outcome(Ended.FAILED, "task was cancelled", duration_ms=duration_ms)
-
-
-def _raised(exc: BaseException, task: Task, duration_ms: int | None) -> Outcome:
-    """A run whose task raised `exc`."""
-    if isinstance(exc, JobCanceled):
-        return Outcome(Ended.CANCELED, duration_ms=duration_ms)
-    if isinstance(exc, JobLost):
-        return Outcome(Ended.HANDED_BACK, str(exc), refund=True, duration_ms=duration_ms)
-    text = _error_text(exc)
-    if isinstance(exc, Retry):
-        return Outcome(
-            Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms, raised=exc
-        )
-    retryable = not isinstance(exc, (NonRetryableError, *task.non_retryable))
-    return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms, raised=exc)
-
-
 def _count_start(job: ClaimedJob) -> None:
     """A job's attempt starts in this process (metrics)."""
     metrics.JOBS_STARTED.labels(job.queue, job.task).inc()
     if job.waited_sec is not None:
         metrics.JOB_WAIT.labels(job.queue).observe(max(0.0, job.waited_sec))
-
-
-def _error_text(exc: BaseException) -> str:
-    """`Type: message`, storable in a text column (no NUL, no lone surrogate, bounded)."""
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<unprintable error>"
-    text = f"{type(exc).__name__}: {message}"[:MAX_ERROR_CHARS]
-    return storable_text(text)
