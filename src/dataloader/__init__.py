@@ -20,6 +20,19 @@ from dataloader.client import Client
 from dataloader.config import Settings, WorkerSpec
 from dataloader.core.handler_stats import HandlerStats
 from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats, Stage
+from dataloader.core.processes import (
+    Event,
+    NewEvent,
+    Process,
+    ProcessResult,
+    ProcessStatus,
+    ProcessTask,
+    Remove,
+    SetTimer,
+    TaskKind,
+    Timer,
+    UnsetTimer,
+)
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, Throughput
 from dataloader.core.retry import Exponential, Fixed, Linear, RetryPolicy
 from dataloader.exceptions import (
@@ -34,12 +47,16 @@ from dataloader.exceptions import (
     JobNotFound,
     NonRetryableError,
     NotRetryable,
+    ProcessConflict,
+    ProcessNotFound,
+    ProcessTaskFailed,
+    ProcessTimeout,
     Retry,
     TaskTimeout,
 )
 from dataloader.runner import Runner
 from dataloader.storage.repositories import JobPage
-from dataloader.tasks import Task, TaskRegistry, registry, task
+from dataloader.tasks import Task, TaskRegistry, process, registry, task
 from dataloader.workers.batches import Batch, BatchItem
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry, pipeline
@@ -52,6 +69,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DataloaderError",
     "EnqueueResult",
+    "Event",
     "Exponential",
     "Fixed",
     "HandlerStats",
@@ -67,25 +85,40 @@ __all__ = [
     "JobState",
     "JobStatus",
     "Linear",
+    "NewEvent",
     "NewJob",
     "NonRetryableError",
     "NotRetryable",
     "PipelineRegistry",
+    "Process",
+    "ProcessConflict",
+    "ProcessNotFound",
+    "ProcessResult",
+    "ProcessStatus",
+    "ProcessTask",
+    "ProcessTaskFailed",
+    "ProcessTimeout",
     "QueueEvent",
     "QueueLimits",
     "QueueSettings",
     "QueueStats",
+    "Remove",
     "Retry",
     "RetryPolicy",
     "Runner",
+    "SetTimer",
     "Settings",
     "Stage",
     "Task",
+    "TaskKind",
     "TaskRegistry",
     "TaskTimeout",
     "Throughput",
+    "Timer",
+    "UnsetTimer",
     "WorkerSpec",
     "pipeline",
+    "process",
     "registry",
     "task",
 ]

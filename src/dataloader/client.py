@@ -47,6 +47,7 @@ from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
 from dataloader.core.routing import KnownTasks, check_route
 from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
 from dataloader.logger.utils import mask_dsn
+from dataloader.processes import Processes
 from dataloader.storage import db
 from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import (
@@ -145,6 +146,8 @@ class Client:
         #: The client this one acts for (`acting_as`), which owns what they share.
         self._origin: Client | None = None
         self._actors: dict[str, Client] = {}
+        #: Durable processes: start, call, repair, remove, read (`dataloader.processes`).
+        self.processes = Processes(self)
 
     @property
     def actor(self) -> str:
@@ -165,6 +168,7 @@ class Client:
             view = copy.copy(origin)
             view._repo = JobRepository(origin._connections, actor, metrics.count_ended)
             view._origin, view._owned_pool, view._actors = origin, None, {}
+            view.processes = Processes(view)
             origin._actors[actor] = view
         return view
 

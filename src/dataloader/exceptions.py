@@ -8,6 +8,11 @@ DataloaderError
 ├── IdempotencyConflict     an idempotency_key already names a job with other fields
 ├── UnknownTask             a job sent to a queue whose live processes all lack its task
 ├── DatabaseUnavailable     PostgreSQL refused, lost or stopped answering a connection
+├── ProcessNotFound         no live durable process has that namespace and id
+├── ProcessConflict         a process's state refuses the request (a call to one in error…)
+├── ProcessTaskFailed       a process's task ended without a response (the process is in error)
+├── ProcessTimeout          a process's task did not answer in time (it still runs; also a
+│                           TimeoutError)
 └── JobInterrupted          raised inside a pipeline: stop now
     ├── JobCanceled         cancel was requested (cooperative stop between chunks)
     └── JobLost             the job is no longer ours (lease reaped, lock connection lost)
@@ -104,6 +109,44 @@ class DatabaseUnavailable(DataloaderError):
     retrying later (the driver's error is the cause)."""
 
 
+class ProcessNotFound(DataloaderError):
+    """No live durable process has the requested namespace and id (never started, or
+    removed)."""
+
+    def __init__(self, namespace: str, process_id: str) -> None:
+        super().__init__(f"process {process_id!r} of namespace {namespace!r} not found")
+        self.namespace = namespace
+        self.process_id = process_id
+
+
+class ProcessConflict(DataloaderError):
+    """The process's state refuses the request: a call or a start-over to a process in
+    `error` (only a repair is accepted there), a repair of one that is not in error, a start
+    of a taken id with other args. `reason` is a `core.processes.Refusal` value."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ProcessTaskFailed(DataloaderError):
+    """A task of a process ended without a response: its processor failed on every attempt
+    (the process is now in `error`), or it was canceled. `task_id` is its job."""
+
+    def __init__(self, message: str, task_id: uuid.UUID) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class ProcessTimeout(DataloaderError, TimeoutError):
+    """A task of a process did not answer within the caller's timeout. It stays queued or
+    running: its response can be read later by `task_id` (`Client.processes.response`)."""
+
+    def __init__(self, task_id: uuid.UUID, timeout: float | None) -> None:
+        super().__init__(f"task {task_id} of the process has not answered within {timeout} s")
+        self.task_id = task_id
+
+
 class JobInterrupted(DataloaderError):
     """The running pipeline must stop now."""
 
@@ -147,6 +190,10 @@ __all__ = [
     "JobNotFound",
     "NonRetryableError",
     "NotRetryable",
+    "ProcessConflict",
+    "ProcessNotFound",
+    "ProcessTaskFailed",
+    "ProcessTimeout",
     "Retry",
     "TaskTimeout",
     "UnknownTask",

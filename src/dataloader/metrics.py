@@ -10,8 +10,7 @@ the queue's name as the `queue` label:
     queue_handler_{processed,errors,retried}_total{queue,task}   batch handlers' settlements
     queue_handler_duration_seconds{queue,task}         one call of a batch handler
 
-The jobs' own metrics, per queue and task (seed 001's scanning and processing histograms map
-to `dataloader_maintenance_duration_seconds` and `dataloader_job_duration_seconds`):
+The jobs' own metrics, per queue and task:
 
     dataloader_jobs_enqueued_total{queue,task}          jobs this process enqueued (created)
     dataloader_jobs_started_total{queue,task}           attempts this process's workers started
@@ -24,6 +23,19 @@ to `dataloader_maintenance_duration_seconds` and `dataloader_job_duration_second
     dataloader_queue_ready_jobs{queue}                  ready jobs (refreshed at each scrape)
     dataloader_queue_oldest_ready_age_seconds{queue}    age of the longest-waiting due job (idem)
     dataloader_listener_up                              1 while LISTEN is connected
+
+Durable processes (`dataloader.core.processes`) keep the names of the histograms progressor
+publishes, in milliseconds, by `namespace`; each times a stage of ours (docs/processes.md):
+
+    progressor_calls_scanning_duration_ms       the claim round that took a call or repair
+    progressor_timers_scanning_duration_ms      the claim round that took a timeout or remove
+    progressor_zombie_collection_duration_ms    the write that puts a zombie's process in error
+    progressor_request_preparing_duration_ms    a caller's submit (checks, process row, its job)
+    progressor_task_processing_duration_ms      the processor's call (all its attempts)
+    progressor_task_completion_duration_ms      the save: process, events, timer, the task's end
+    progressor_process_removing_duration_ms     the save of a removal
+    progressor_notification_duration_ms         from the save's commit to the caller's wake-up
+    dataloader_processes{namespace,status}      live processes, read at the scrape
 
 Several worker managers in one process (tests, an embedding program) add up: the gauges move
 by what each one starts and stops.
@@ -129,6 +141,31 @@ QUEUE_OLDEST_AGE: Final = Gauge(
     "Seconds since the queue's longest-waiting due job became due (0: none), read at the scrape.",
     ["queue"],
 )
+#: Stages of a process's task, in milliseconds: a statement takes a few, a processor's call
+#: anything up to its step timeout.
+PROCESS_BUCKETS_MS: Final = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30000, 300000)
+#: Each stage's histogram: progressor's name and help text.
+PROCESS_STAGES: Final = {
+    "calls_scanning": "Calls (call, repair) scanning durations in millisecond",
+    "timers_scanning": "Timers (timeout, remove) scanning durations in millisecond",
+    "zombie_collection": "Zombie tasks collecting durations in millisecond",
+    "request_preparing": "Preparing request (init, call, repair) durations in millisecond",
+    "task_processing": "Task processing durations in millisecond",
+    "task_completion": "Task completion durations in millisecond",
+    "process_removing": "Process removing durations in millisecond",
+    "notification": "Notification durations in millisecond",
+}
+PROCESS_DURATIONS: Final = {
+    stage: Histogram(
+        f"progressor_{stage}_duration_ms", help_text, ["namespace"], buckets=PROCESS_BUCKETS_MS
+    )
+    for stage, help_text in PROCESS_STAGES.items()
+}
+PROCESSES: Final = Gauge(
+    "dataloader_processes",
+    "Live durable processes by namespace and status, read at the scrape.",
+    ["namespace", "status"],
+)
 LISTENER_UP: Final = Gauge(
     "dataloader_listener_up", "1 while this process's LISTEN connection is up, else 0."
 )
@@ -157,6 +194,18 @@ def observe_batch(queue: str, task: str, stats: HandlerStats) -> None:
     HANDLER_ERRORS.labels(queue, task).inc(stats.errors)
     HANDLER_RETRIED.labels(queue, task).inc(stats.retried)
     HANDLER_DURATION.labels(queue, task).observe(stats.duration_sec)
+
+
+def observe_process_stage(stage: str, namespace: str, seconds: float) -> None:
+    """Time one stage of a process's task (a key of PROCESS_STAGES), in milliseconds."""
+    PROCESS_DURATIONS[stage].labels(namespace).observe(seconds * 1000)
+
+
+def set_process_gauges(counts: dict[tuple[str, str], int]) -> None:
+    """The process gauges as `counts` ((namespace, status) → live processes) has them."""
+    PROCESSES.clear()
+    for (namespace, status), n in counts.items():
+        PROCESSES.labels(namespace, status).set(n)
 
 
 def exposition() -> tuple[bytes, str]:

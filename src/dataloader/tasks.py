@@ -35,6 +35,14 @@ from pydantic import BaseModel, ValidationError
 
 from dataloader.core import limits
 from dataloader.core.cron import check_schedule
+from dataloader.core.processes import (
+    DEFAULT_HISTORY,
+    TASK_PREFIX,
+    Namespace,
+    check_namespace,
+    namespace_of,
+    task_name_of,
+)
 from dataloader.core.retry import RetryPolicy, RetrySpec, as_policy, seconds
 from dataloader.core.routing import KnownTasks
 from dataloader.exceptions import InvalidJobArgs
@@ -72,6 +80,9 @@ class Task:
     #: Tasks enqueued when a job of this one succeeds, in the same transaction, with its
     #: result as args (a result that is not a JSON object as `{"result": …}`).
     then: tuple[str, ...] = ()
+    #: Set when the handler is a durable process's processor (`TaskRegistry.process`):
+    #: `async def handler(task, process) -> ProcessResult`, for the tasks of this namespace.
+    process: Namespace | None = None
 
     @property
     def batched(self) -> bool:
@@ -134,6 +145,8 @@ class TaskRegistry:
         enqueues a job of each, with the result as args, in the transaction of the success
         (`ctx.then` adds stages from the handler). Bad options raise at once (ValueError,
         TypeError)."""
+        if namespace_of(name) is not None:
+            raise ValueError(f"task {name!r}: names starting with {TASK_PREFIX!r} are processors'")
         defined = Task(
             name=_checked("task name", limits.check_name, name),
             handler=_unset,
@@ -183,6 +196,65 @@ class TaskRegistry:
             return handler
 
         return decorate
+
+    def process(
+        self,
+        namespace: str,
+        *,
+        queue: str | None = None,
+        priority: int = 100,
+        history: int = DEFAULT_HISTORY,
+        step_timeout: float | timedelta = 60.0,
+        attempts: int = 3,
+        retry: RetrySpec | None = None,
+        idempotent: bool = False,
+    ) -> Callable[[H], H]:
+        """Decorator registering `async def handler(task, process) -> ProcessResult` as the
+        processor of the durable processes of `namespace` (see `dataloader.core.processes`).
+
+        Its tasks are jobs of `queue` (default: the namespace's name) at `priority` (timers
+        one lower). The processor is given the process with its last `history` events; a
+        step longer than `step_timeout` is stopped; a processor that raises is called again,
+        `attempts` times in all, after the delays of `retry`, before the process goes to
+        `error`. A step whose worker died half-way puts the process in `error` ("zombie
+        detected"), unless the processor is `idempotent`: then it runs again. Bad options
+        raise at once (ValueError, TypeError)."""
+        defined = Namespace(
+            name=_checked("namespace", check_namespace, namespace),
+            queue=namespace if queue is None else queue,
+            priority=priority,
+            history=history,
+            step_timeout_sec=_timeout(step_timeout),
+            attempts=attempts,
+            retry=None if retry is None else as_policy(retry),
+            idempotent=idempotent,
+        )
+        task = Task(
+            name=defined.task,
+            handler=_unset,
+            queue=defined.queue,
+            priority=defined.priority,
+            max_attempts=defined.max_attempts,
+            timeout_sec=defined.step_timeout_sec,
+            retry=defined.retry,
+            process=defined,
+        )
+
+        def decorate(handler: H) -> H:
+            if not inspect.iscoroutinefunction(handler):
+                raise TypeError(f"the processor of {namespace!r} must be an `async def` function")
+            existing = self._tasks.get(task.name)
+            if existing is not None and existing.handler is not handler:
+                raise ValueError(f"namespace {namespace!r} has a processor already")
+            self._tasks[task.name] = replace(task, handler=handler)
+            return handler
+
+        return decorate
+
+    def namespace(self, name: str) -> Namespace | None:
+        """The durable processes' namespace `name`, when this process has its processor."""
+        found = self._tasks.get(task_name_of(name))
+        return None if found is None else found.process
 
     def register(self, name: str, *, args: type[BaseModel] | None = None) -> Callable[[H], H]:
         """`task(name, args=…)` under its older name."""
@@ -290,3 +362,5 @@ def _whole_numbers(value: Any) -> Any:
 registry = TaskRegistry()
 #: `@task("name", queue=…, args=Model, …)` registers in the process-wide registry.
 task = registry.task
+#: `@process("namespace", queue=…, …)` registers a processor in the process-wide registry.
+process = registry.process

@@ -41,11 +41,11 @@ from dataloader.core.transitions import (
 )
 from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArgs, JobNotFound
 from dataloader.storage.protocol import ClaimedJob
+from dataloader.tasks import Task, TaskRegistry
+from dataloader.tasks import registry as default_registry
 from dataloader.workers.batches import HandlerStats
 from dataloader.workers.completer import decide
 from dataloader.workers.executor import Executor
-from dataloader.workers.pipelines.registry import Task, TaskRegistry
-from dataloader.workers.pipelines.registry import registry as default_registry
 from dataloader.workers.runtime import RunningJob
 from dataloader.workers.stages import stages_of
 

@@ -19,11 +19,11 @@ from dataloader import metrics
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.logger import log_context
 from dataloader.storage.protocol import ClaimedJob
+from dataloader.tasks import Task
 from dataloader.workers.claims import QueueClaims
 from dataloader.workers.completer import Completer
 from dataloader.workers.executor import Executor
 from dataloader.workers.locks import LockConnectionLost
-from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 from dataloader.workers.waiting import wait_any
 

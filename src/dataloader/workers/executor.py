@@ -42,9 +42,9 @@ from dataloader.exceptions import (
     TaskTimeout,
 )
 from dataloader.storage.db import storable_text
+from dataloader.tasks import Task
 from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
 from dataloader.workers.job_context import JobContext
-from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob
 from dataloader.workers.stages import stage_jobs, stages_of
 

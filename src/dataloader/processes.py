@@ -1,0 +1,318 @@
+"""Durable processes as callers see them: `client.processes`.
+
+    @dataloader.process("orders", step_timeout=30)
+    async def order(task: ProcessTask, process: Process) -> ProcessResult:
+        if task.kind is TaskKind.INIT:
+            return ProcessResult(events=[{"created": task.args}], action=SetTimer(in_sec=3600))
+        ...
+
+    async with dataloader.Client.connect(dsn) as client:
+        await client.processes.start("orders", "o-1", {"total": 10})
+        answer = await client.processes.call("orders", "o-1", {"paid": 10}, timeout=5)
+
+`start`, `call` and `repair` enqueue a task of the process (a job of its namespace's queue)
+and wait for the processor's response; `submit` enqueues only, and `response` waits for a task
+submitted earlier (after a ProcessTimeout, say). What is accepted where is decided by
+`core.processes.admit`; every refusal raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from dataloader import metrics
+from dataloader.base import JobStatus
+from dataloader.core import limits
+from dataloader.core.models import DEFAULT_PRIORITY, NewJob
+from dataloader.core.processes import (
+    TASK_PREFIX,
+    ZOMBIE_ATTEMPT,
+    Event,
+    Process,
+    ProcessStatus,
+    Refusal,
+    TaskArgs,
+    TaskKind,
+    admit,
+    admit_start,
+    check_namespace,
+    check_process_id,
+    idempotency_key_of,
+    lock_key_of,
+    priority_of,
+    task_name_of,
+)
+from dataloader.exceptions import (
+    InvalidJob,
+    ProcessConflict,
+    ProcessNotFound,
+    ProcessTaskFailed,
+    ProcessTimeout,
+)
+from dataloader.storage import processes as store
+from dataloader.storage.processes import ProcessPage
+from dataloader.storage.repositories import enqueue
+
+if TYPE_CHECKING:
+    from dataloader.client import Client
+
+#: How long `start`, `call`, `repair` and `remove` wait for the response by default.
+DEFAULT_TIMEOUT_SEC: Final = 30.0
+#: Largest page of `list` and `events`.
+MAX_PAGE: Final = 1000
+
+_REFUSALS: Final = {
+    Refusal.IN_ERROR: "process {id!r} of namespace {ns!r} is in error: only a repair is accepted",
+    Refusal.NOT_IN_ERROR: "process {id!r} of namespace {ns!r} is not in error: there is nothing"
+    " to repair",
+    Refusal.STARTED_WITH_OTHER_ARGS: "process {id!r} of namespace {ns!r} was started with other"
+    " args",
+}
+
+
+class Processes:
+    """Durable processes through a `Client`: its connections, its task registry (a namespace
+    whose processor this program has gives its queue and priority; any other's tasks go to
+    the queue the process was started on), its actor in the journal."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    # tasks ----------------------------------------------------------------------------------
+
+    async def start(
+        self,
+        namespace: str,
+        process_id: str,
+        args: Any = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SEC,
+    ) -> Any:
+        """Start the process `process_id` of `namespace` with `args` and return its init
+        task's response. A start of a live process started with the same args returns that
+        start's response; with other args, ProcessConflict. `queue` (default: the
+        namespace's, else its name) is where its tasks run."""
+        task_id = await self.submit(
+            namespace, process_id, TaskKind.INIT, args, metadata=metadata, queue=queue
+        )
+        return await self.response(task_id, timeout)
+
+    async def call(
+        self,
+        namespace: str,
+        process_id: str,
+        args: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SEC,
+    ) -> Any:
+        """Call the process and return its processor's response. Calls run one at a time,
+        in the order they arrive. With `idempotency_key`, a repeated call is the same task:
+        it returns that task's response (waiting for it if need be). ProcessNotFound,
+        ProcessConflict (the process is in error), ProcessTaskFailed, ProcessTimeout."""
+        task_id = await self.submit(
+            namespace, process_id, TaskKind.CALL, args, idempotency_key=idempotency_key
+        )
+        return await self.response(task_id, timeout)
+
+    async def repair(
+        self,
+        namespace: str,
+        process_id: str,
+        args: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_SEC,
+    ) -> Any:
+        """Repair a process in `error`: its processor is called with a `repair` task, and
+        its success returns the process to `running`. Its response, as for `call`."""
+        task_id = await self.submit(
+            namespace, process_id, TaskKind.REPAIR, args, idempotency_key=idempotency_key
+        )
+        return await self.response(task_id, timeout)
+
+    async def remove(
+        self, namespace: str, process_id: str, *, timeout: float | None = DEFAULT_TIMEOUT_SEC
+    ) -> None:
+        """Remove the process, after the task it runs (if any): its pending timer and queued
+        tasks are canceled, and its id is free for a new start at once. Its history is kept
+        until retention prunes it (DL_RETENTION_*)."""
+        task_id = await self.submit(namespace, process_id, TaskKind.REMOVE)
+        await self.response(task_id, timeout)
+
+    async def submit(
+        self,
+        namespace: str,
+        process_id: str,
+        kind: TaskKind | str,
+        args: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+    ) -> uuid.UUID:
+        """Enqueue a task of the process (init, call, repair or remove) without waiting for
+        it; its id, to pass to `response`. Refusals raise before anything is written."""
+        started = time.perf_counter()
+        kind = TaskKind(kind)
+        if kind.timer and kind is not TaskKind.REMOVE:
+            raise ValueError("a timeout task is set by the processor, not submitted")
+        namespace = _checked("namespace", check_namespace, namespace)
+        process_id = _checked("process_id", check_process_id, process_id)
+        if idempotency_key is not None:
+            _checked("idempotency_key", limits.check_idempotency_key, idempotency_key)
+        definition = self._client.registry.namespace(namespace)
+        args_json = _checked("args", _json, args)
+        async with self._client._connections.connection() as conn, conn.transaction():
+            if kind is TaskKind.INIT:
+                own = definition.queue if definition is not None else None
+                if queue is not None and own is not None and queue != own:
+                    raise InvalidJob("queue", f"namespace {namespace!r} runs on queue {own!r}")
+                metadata_json = _checked("metadata", _metadata_json, metadata)
+                facts, new = await store.start_process(
+                    conn,
+                    namespace,
+                    process_id,
+                    _checked("queue", limits.check_name, queue or own or namespace),
+                    args_json,
+                    metadata_json,
+                )
+                refusal = None if new else admit_start(facts, args_json)
+                key: str | None = idempotency_key_of(facts.process_ref, kind, "")
+            else:
+                found = await store.process_facts(conn, namespace, process_id)
+                refusal = admit(kind, found)
+                if found is None or refusal is not None:
+                    raise _refused(refusal or Refusal.NOT_FOUND, namespace, process_id)
+                facts = found
+                key = (
+                    None
+                    if idempotency_key is None
+                    else idempotency_key_of(facts.process_ref, kind, idempotency_key)
+                )
+            if refusal is not None:
+                raise _refused(refusal, namespace, process_id)
+            priority = definition.priority if definition is not None else DEFAULT_PRIORITY
+            job = NewJob(
+                task=task_name_of(namespace),
+                lock_key=lock_key_of(namespace, process_id),
+                args=TaskArgs(facts.process_ref, process_id, kind, args).as_job_args(),
+                queue=facts.queue,
+                idempotency_key=key,
+                priority=priority_of(kind, priority),
+                max_attempts=definition.max_attempts if definition else ZOMBIE_ATTEMPT,
+            )
+            result = await enqueue(conn, job, actor=self._client.actor)
+        metrics.observe_process_stage("request_preparing", namespace, time.perf_counter() - started)
+        return result.job_id
+
+    async def response(self, task_id: uuid.UUID | str, timeout: float | None = None) -> Any:
+        """The response of a task submitted earlier, once it has ended (within `timeout`
+        seconds, else ProcessTimeout: the task goes on). A task that ended without one raises
+        what its end means: ProcessNotFound (the process was removed before it ran),
+        ProcessConflict (the process was or went in error before it ran), ProcessTaskFailed
+        (its processor failed: the process is in error now; or it was canceled)."""
+        task_id = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
+        try:
+            state = await self._client.wait(task_id, timeout)
+        except TimeoutError:
+            raise ProcessTimeout(task_id, timeout) from None
+        if state.status is JobStatus.SUCCEEDED:
+            return state.result
+        namespace, process_id = _process_of_key(state.lock_key)
+        process = await self.get(namespace, process_id)
+        if process is None:
+            raise ProcessNotFound(namespace, process_id)
+        if process.status is ProcessStatus.ERROR and process.corrupted_by != task_id:
+            raise _refused(Refusal.IN_ERROR, namespace, process_id)
+        raise ProcessTaskFailed(
+            f"task {task_id} of process {process_id!r} ended {state.status.value}"
+            + (f": {state.error}" if state.error else ""),
+            task_id,
+        )
+
+    # readers --------------------------------------------------------------------------------
+
+    async def get(self, namespace: str, process_id: str) -> Process | None:
+        """The live process (with its pending timer, without its history), or None."""
+        async with self._client._connections.connection() as conn:
+            return await store.get_process(conn, namespace, process_id)
+
+    async def list(
+        self,
+        *,
+        namespace: str | None = None,
+        status: ProcessStatus | str | None = None,
+        limit: int = 100,
+        cursor: int | None = None,
+    ) -> ProcessPage:
+        """Live processes newest first, of a namespace and a status when given; `cursor` is
+        the `next_cursor` of the previous page."""
+        _page(limit)
+        async with self._client._connections.connection() as conn:
+            return await store.list_processes(
+                conn,
+                namespace=namespace,
+                status=None if status is None else ProcessStatus(status),
+                limit=limit,
+                before=cursor,
+            )
+
+    async def events(
+        self, namespace: str, process_id: str, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[Event]:
+        """The process's history, oldest first: the events after event `after`, `limit` at
+        most. ProcessNotFound if there is no such live process."""
+        _page(limit)
+        if after < 0:
+            raise ValueError("after must be 0 or more")
+        async with self._client._connections.connection() as conn:
+            events = await store.process_events(conn, namespace, process_id, after, limit)
+            if not events and await store.process_facts(conn, namespace, process_id) is None:
+                raise ProcessNotFound(namespace, process_id)
+        return events
+
+
+def _refused(refusal: Refusal, namespace: str, process_id: str) -> Exception:
+    if refusal is Refusal.NOT_FOUND:
+        return ProcessNotFound(namespace, process_id)
+    message = _REFUSALS[refusal].format(id=process_id, ns=namespace)
+    return ProcessConflict(message, refusal.value)
+
+
+def _process_of_key(lock_key: str) -> tuple[str, str]:
+    """The namespace and id whose tasks share `lock_key` (see `core.processes.lock_key_of`)."""
+    namespace, process_id = json.loads(lock_key[len(TASK_PREFIX) :])
+    return namespace, process_id
+
+
+def _json(value: Any) -> str:
+    """`value` as JSON text, if jsonb can store it (as a job's args would be checked)."""
+    return limits.args_json({"args": value})[len('{"args": ') : -1]
+
+
+def _metadata_json(value: Mapping[str, Any] | None) -> str:
+    if value is None:
+        return "{}"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a JSON object, not {type(value).__name__}")
+    return limits.args_json(dict(value))
+
+
+def _checked(field: str, check: Any, value: Any) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise InvalidJob(field, str(exc)) from None
+
+
+def _page(limit: int) -> None:
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}")
