@@ -105,6 +105,10 @@ class Outcome:
     #: FAILED: what the task raised, whose traceback the log shows if the job fails for good
     #: (a failure that will be retried is one line: it is expected).
     raised: BaseException | None = field(default=None, compare=False, repr=False)
+    #: More to write in the transaction of the job's outcome, only if that write passes the
+    #: job's fence (a durable process's save: `storage.processes.StepSave`): storage calls its
+    #: `apply(conn)` there.
+    effects: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -11,12 +11,16 @@ jobs, whatever codecs a connection has.
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from asyncpg import Record
 
+from dataloader import metrics
+from dataloader.core.models import NewJob
 from dataloader.core.processes import (
     KEEP,
     Event,
@@ -28,6 +32,7 @@ from dataloader.core.processes import (
     Timer,
 )
 from dataloader.storage.db import AnyConnection
+from dataloader.storage.repositories import enqueue
 from dataloader.storage.statement import Statement
 
 # --- statements ------------------------------------------------------------------------------
@@ -168,6 +173,12 @@ ORDER BY e.event_id
 LIMIT :limit
 """)
 
+#: The queued tasks of a process (jobs of its lock_key), to cancel.
+QUEUED_TASKS: Final = Statement("""
+SELECT job_id FROM dl_jobs
+WHERE status = 'queued' AND hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key
+""")
+
 #: Live processes per namespace and status (an index-only scan of ix_dl_processes_list).
 COUNT_PROCESSES: Final = Statement("""
 SELECT namespace, status, count(*) AS n
@@ -190,6 +201,50 @@ class StepInput:
     process_ref: int
     facts: ProcessFacts
     process: Process
+
+
+@dataclass(frozen=True, slots=True)
+class StepSave:
+    """What the end of a process's task writes to its process, in the transaction of the
+    task's end, once that write has passed the task's fence (`Outcome.effects`): the queued
+    tasks and timer it cancels, the new timer's job, the process row and its new events."""
+
+    namespace: str
+    process_ref: int
+    #: The lock_key the process's tasks share.
+    lock_key: str
+    task_id: uuid.UUID
+    write: StepWrite
+    timer_job: NewJob | None = None
+    #: Which progressor stage its write is timed as (`metrics.PROCESS_STAGES`).
+    stage: str = "task_completion"
+
+    async def apply(self, conn: AnyConnection, cancel: CancelTasks) -> None:
+        """Write it on `conn`, inside the transaction of the task's end; `cancel` ends queued
+        jobs canceled (with their journal entries, waking whoever waits for them)."""
+        started = time.perf_counter()
+        write = self.write
+        doomed: list[uuid.UUID] = []
+        if write.cancel_queued:
+            doomed = [
+                r["job_id"] for r in await conn.fetch(*QUEUED_TASKS.bind(lock_key=self.lock_key))
+            ]
+        elif write.cancel_timer is not None:
+            doomed = [write.cancel_timer]
+        doomed = [job_id for job_id in doomed if job_id != self.task_id]
+        if doomed:
+            await cancel(conn, doomed)
+        new_timer = None
+        if self.timer_job is not None:
+            new_timer = (await enqueue(conn, self.timer_job, actor=PROCESS_ACTOR)).job_id
+        await save_process(conn, self.process_ref, self.task_id, self.write, new_timer)
+        metrics.observe_process_stage(self.stage, self.namespace, time.perf_counter() - started)
+
+
+#: Cancels queued jobs on a connection, in its transaction (see `StepSave.apply`).
+CancelTasks = Callable[[AnyConnection, list[uuid.UUID]], Awaitable[None]]
+#: Who the journal says enqueued a timer, or canceled a process's tasks (`by`).
+PROCESS_ACTOR: Final = "process"
 
 
 @dataclass(frozen=True, slots=True)

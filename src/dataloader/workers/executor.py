@@ -51,6 +51,7 @@ from dataloader.workers.stages import stage_jobs, stages_of
 if TYPE_CHECKING:
     from dataloader.context import AppContext
     from dataloader.storage.protocol import WorkerProtocol
+    from dataloader.workers.processes import ProcessSteps
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,16 @@ class Executor:
         self.build_stages = build_stages
         # bound once: a run passes it along without making one
         self._returned: Returned = self._result
+        self._steps: ProcessSteps | None = None
+
+    def _process_steps(self) -> ProcessSteps:
+        """The runner of durable processes' tasks (made at the first one)."""
+        if self._steps is None:
+            # here, not at the top: the process steps run their calls with this module's rules
+            from dataloader.workers.processes import ProcessSteps
+
+            self._steps = ProcessSteps(self.protocol.db, self.max_result_bytes)
+        return self._steps
 
     async def execute(self, task: Task | None, running: RunningJob) -> Outcome:
         """Run `task` (None: no task of the job's name is registered here) for the job of
@@ -94,6 +105,8 @@ class Executor:
         if task is None:
             # retryable: during a rolling deploy another replica may know the task
             return Outcome(Ended.FAILED, f"no task registered as {job.task!r}")
+        if task.process is not None:
+            return await self._process_steps().execute(task, running)
         try:
             args = task.parse_args(job.args)
             ctx = JobContext(job, args, app=self.app, state=running.state, protocol=self.protocol)
