@@ -44,11 +44,13 @@ from dataloader.core.processes import (
     check_process_id,
     idempotency_key_of,
     lock_key_of,
+    namespace_of,
     priority_of,
     task_name_of,
 )
 from dataloader.exceptions import (
     InvalidJob,
+    JobNotFound,
     ProcessConflict,
     ProcessNotFound,
     ProcessTaskFailed,
@@ -224,6 +226,8 @@ class Processes:
             state = await self._client.wait(task_id, timeout)
         except TimeoutError:
             raise ProcessTimeout(task_id, timeout) from None
+        if namespace_of(state.task) is None:
+            raise JobNotFound(f"job {task_id} is not a task of a process")
         if state.status is JobStatus.SUCCEEDED:
             return state.result
         namespace, process_id = _process_of_key(state.lock_key)

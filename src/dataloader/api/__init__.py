@@ -17,6 +17,8 @@ from dataloader.api.openapi import install_openapi
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
 from dataloader.api.v1.exceptions import install_exception_handlers
+from dataloader.api.v1.processes import router as processes_router
+from dataloader.api.v1.processes import tasks_router as process_tasks_router
 from dataloader.api.v1.queues import audit_router as queue_events_router
 from dataloader.api.v1.queues import router as queues_router
 from dataloader.api.v1.router import router as v1_router
@@ -90,6 +92,8 @@ def create_app(
     app.include_router(queues_router)
     app.include_router(queue_events_router)
     app.include_router(tasks_router)
+    app.include_router(processes_router)
+    app.include_router(process_tasks_router)
     return app
 
 

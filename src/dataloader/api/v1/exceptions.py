@@ -19,6 +19,10 @@ from dataloader.exceptions import (
     InvalidJobArgs,
     JobNotFound,
     NotRetryable,
+    ProcessConflict,
+    ProcessNotFound,
+    ProcessTaskFailed,
+    ProcessTimeout,
     UnknownTask,
 )
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -43,6 +47,22 @@ async def _conflict(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _not_retryable(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+
+async def _process_conflict(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProcessConflict)
+    return JSONResponse(status_code=409, content={"detail": str(exc), "reason": exc.reason})
+
+
+async def _process_task_failed(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProcessTaskFailed)
+    body = {"detail": str(exc), "reason": "task_failed", "task_id": str(exc.task_id)}
+    return JSONResponse(status_code=409, content=body)
+
+
+async def _process_timeout(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProcessTimeout)
+    return JSONResponse(status_code=504, content={"detail": str(exc), "task_id": str(exc.task_id)})
 
 
 async def _invalid_args(_request: Request, exc: Exception) -> JSONResponse:
@@ -117,6 +137,10 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
 def install_exception_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
     app.add_exception_handler(JobNotFound, _not_found)
+    app.add_exception_handler(ProcessNotFound, _not_found)
+    app.add_exception_handler(ProcessConflict, _process_conflict)
+    app.add_exception_handler(ProcessTaskFailed, _process_task_failed)
+    app.add_exception_handler(ProcessTimeout, _process_timeout)
     app.add_exception_handler(NotRetryable, _not_retryable)
     app.add_exception_handler(InvalidJobArgs, _invalid_args)
     app.add_exception_handler(InvalidJob, _invalid_job)

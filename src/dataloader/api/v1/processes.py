@@ -1,0 +1,369 @@
+"""API v1 routes of durable processes (`client.processes`): start, call, repair, remove, read.
+
+`start`, `call` and `repair` answer with the processor's response, waiting for it up to the
+request's `timeout_sec` (at most MAX_WAIT_SEC); past it, 504 with the task's id, whose response
+`GET /api/v1/process-tasks/{task_id}` waits for again (the task goes on). Scopes as for jobs:
+`read` reads, `trigger` starts and calls, `admin` repairs and removes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.convertors import Convertor, register_url_convertor
+
+from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
+from dataloader.api.deps import from_state
+from dataloader.api.v1.schemas import UNPARSABLE_BODY, ErrorResponse, IdempotencyKey, Name
+from dataloader.client import Client
+from dataloader.config import Scope
+from dataloader.core.processes import PROCESS_ID_MAX_CHARS, Event, Process, ProcessStatus, TaskKind
+from dataloader.exceptions import ProcessNotFound
+from dataloader.processes import MAX_PAGE
+
+#: Longest wait for a response a request may ask for.
+MAX_WAIT_SEC: Final = 60.0
+DEFAULT_WAIT_SEC: Final = 30.0
+#: The routes under a process's path whose last segment is an action, not part of its id.
+ACTIONS: Final = ("call", "repair", "events")
+
+
+class _ProcessId(Convertor[str]):
+    """A process's id: the rest of the path (an id may hold a slash), but for the actions'
+    suffixes (`…/call` is the call of the process, not a process whose id ends so)."""
+
+    regex = "(?s:.+)" + "".join(f"(?<!/{action})" for action in ACTIONS)
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("dl_process_id", _ProcessId())
+
+router = APIRouter(
+    prefix="/api/v1/processes",
+    tags=["processes"],
+    responses=AUTH_ERRORS,
+    route_class=AuthorizedRoute,
+)
+tasks_router = APIRouter(
+    prefix="/api/v1/process-tasks",
+    tags=["processes"],
+    responses=AUTH_ERRORS,
+    route_class=AuthorizedRoute,
+)
+
+Processes = Annotated[Client, Depends(from_state("client"))]
+Namespace = Annotated[Name, Path(description="The process's namespace.")]
+ProcessId = Annotated[
+    str,
+    Path(min_length=1, max_length=PROCESS_ID_MAX_CHARS, description="The process's id."),
+]
+Wait = Annotated[
+    float,
+    Field(gt=0, le=MAX_WAIT_SEC, description="Seconds to wait for the response (then 504)."),
+]
+
+
+class ErrorWithTask(BaseModel):
+    """A task that did not answer (504) or failed (409): its id, whose job can be read."""
+
+    detail: str
+    task_id: uuid.UUID
+
+
+class Conflict(BaseModel):
+    """409: what the process's state refuses (`reason`), or a task that failed."""
+
+    detail: str
+    reason: str
+    task_id: uuid.UUID | None = None
+
+
+ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    404: {"model": ErrorResponse, "description": "No live process has this namespace and id"},
+    409: {"model": Conflict, "description": "The process's state refuses it, or the task failed"},
+    504: {"model": ErrorWithTask, "description": "No response within `timeout_sec`"},
+}
+
+
+class TimerResponse(BaseModel):
+    kind: TaskKind
+    due_at: datetime
+    task_id: uuid.UUID
+
+
+class ProcessResponse(BaseModel):
+    """A live process (its history is read apart: `…/events`)."""
+
+    namespace: str
+    process_id: str
+    queue: str
+    status: ProcessStatus
+    detail: str | None
+    aux_state: Any
+    metadata: dict[str, Any]
+    last_event_id: int = Field(description="Events in its history (the last one's id).")
+    corrupted_by: uuid.UUID | None = Field(description="The task that put it in error.")
+    timer: TimerResponse | None = Field(description="Its pending timer.")
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, process: Process) -> ProcessResponse:
+        timer = process.timer
+        return cls(
+            namespace=process.namespace,
+            process_id=process.process_id,
+            queue=process.queue,
+            status=process.status,
+            detail=process.detail,
+            aux_state=process.aux_state,
+            metadata=dict(process.metadata),
+            last_event_id=process.last_event_id,
+            corrupted_by=process.corrupted_by,
+            timer=None
+            if timer is None
+            else TimerResponse(kind=timer.kind, due_at=timer.due_at, task_id=timer.task_id),
+            created_at=process.created_at,
+            updated_at=process.updated_at,
+        )
+
+
+class StartRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    args: Any = Field(default=None, description="The init task's args (any JSON).")
+    metadata: dict[str, Any] | None = None
+    queue: Name | None = Field(
+        default=None, description="The queue of its tasks (default: the namespace's)."
+    )
+    timeout_sec: Wait = DEFAULT_WAIT_SEC
+
+
+class CallRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    args: Any = Field(default=None, description="The task's args (any JSON).")
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, description="A repeated call with the same key is the same task."
+    )
+    timeout_sec: Wait = DEFAULT_WAIT_SEC
+
+
+class TaskAnswer(BaseModel):
+    """The processor's response to a task."""
+
+    task_id: uuid.UUID
+    response: Any
+
+
+class StartAnswer(TaskAnswer):
+    process: ProcessResponse | None = Field(description="The process after its init.")
+
+
+class ProcessEventResponse(BaseModel):
+    event_id: int
+    task_id: uuid.UUID
+    ts: datetime
+    payload: Any
+    metadata: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, event: Event) -> ProcessEventResponse:
+        return cls(
+            event_id=event.event_id,
+            task_id=event.task_id,
+            ts=event.ts,
+            payload=event.payload,
+            metadata=None if event.metadata is None else dict(event.metadata),
+        )
+
+
+class ProcessEventsResponse(BaseModel):
+    events: list[ProcessEventResponse]
+
+
+class ProcessListResponse(BaseModel):
+    processes: list[ProcessResponse]
+    next_cursor: int | None = Field(description="Pass as `cursor` for the next page.")
+
+
+@router.get(
+    "",
+    response_model=ProcessListResponse,
+    operation_id="list_processes",
+    dependencies=[requires(Scope.read)],
+)
+async def list_processes(
+    client: Processes,
+    namespace: Annotated[Name | None, Query()] = None,
+    status: Annotated[ProcessStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    cursor: Annotated[int | None, Query(ge=1)] = None,
+) -> ProcessListResponse:
+    """Live processes newest first, of a namespace and a status when given, a page at a time
+    (`next_cursor`)."""
+    page = await client.processes.list(
+        namespace=namespace, status=status, limit=limit, cursor=cursor
+    )
+    return ProcessListResponse(
+        processes=[ProcessResponse.of(p) for p in page.processes], next_cursor=page.next_cursor
+    )
+
+
+@router.post(
+    "/{namespace}/{process_id:dl_process_id}/call",
+    response_model=TaskAnswer,
+    responses={**UNPARSABLE_BODY, **ERRORS},
+    operation_id="call_process",
+    dependencies=[requires(Scope.trigger)],
+)
+async def call_process(
+    client: Processes, namespace: Namespace, process_id: ProcessId, body: CallRequest, actor: Actor
+) -> TaskAnswer:
+    """Call the process: its processor runs the call after the tasks before it, and its
+    response is the answer. 404: no such process; 409: it is in error (only a repair is
+    accepted), or the processor failed; 504: no response within `timeout_sec` (the call goes
+    on: `GET /api/v1/process-tasks/{task_id}`)."""
+    processes = client.acting_as(actor).processes
+    task_id = await processes.submit(
+        namespace, process_id, TaskKind.CALL, body.args, idempotency_key=body.idempotency_key
+    )
+    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, body.timeout_sec))
+
+
+@router.post(
+    "/{namespace}/{process_id:dl_process_id}/repair",
+    response_model=TaskAnswer,
+    responses={**UNPARSABLE_BODY, **ERRORS},
+    operation_id="repair_process",
+    dependencies=[requires(Scope.admin)],
+)
+async def repair_process(
+    client: Processes, namespace: Namespace, process_id: ProcessId, body: CallRequest, actor: Actor
+) -> TaskAnswer:
+    """Repair a process in error: its processor runs a `repair` task, whose success returns
+    the process to `running`. 409 when the process is not in error."""
+    processes = client.acting_as(actor).processes
+    task_id = await processes.submit(
+        namespace, process_id, TaskKind.REPAIR, body.args, idempotency_key=body.idempotency_key
+    )
+    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, body.timeout_sec))
+
+
+@router.get(
+    "/{namespace}/{process_id:dl_process_id}/events",
+    response_model=ProcessEventsResponse,
+    responses={404: ERRORS[404]},
+    operation_id="list_process_events",
+    dependencies=[requires(Scope.read)],
+)
+async def list_process_events(
+    client: Processes,
+    namespace: Namespace,
+    process_id: ProcessId,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> ProcessEventsResponse:
+    """The process's history, oldest first: the events after event `after`, `limit` at most."""
+    events = await client.processes.events(namespace, process_id, after=after, limit=limit)
+    return ProcessEventsResponse(events=[ProcessEventResponse.of(e) for e in events])
+
+
+@router.post(
+    "/{namespace}/{process_id:dl_process_id}",
+    response_model=StartAnswer,
+    responses={**UNPARSABLE_BODY, **ERRORS},
+    operation_id="start_process",
+    dependencies=[requires(Scope.trigger)],
+)
+async def start_process(
+    client: Processes,
+    namespace: Namespace,
+    process_id: ProcessId,
+    body: StartRequest,
+    actor: Actor,
+) -> StartAnswer:
+    """Start the process: its processor runs the `init` task, whose response is the answer.
+    A start of a live process with the same args answers as its first start did; with other
+    args, 409."""
+    processes = client.acting_as(actor).processes
+    task_id = await processes.submit(
+        namespace,
+        process_id,
+        TaskKind.INIT,
+        body.args,
+        metadata=body.metadata,
+        queue=body.queue,
+    )
+    response = await processes.response(task_id, body.timeout_sec)
+    process = await processes.get(namespace, process_id)
+    return StartAnswer(
+        task_id=task_id,
+        response=response,
+        process=None if process is None else ProcessResponse.of(process),
+    )
+
+
+@router.get(
+    "/{namespace}/{process_id:dl_process_id}",
+    response_model=ProcessResponse,
+    responses={404: ERRORS[404]},
+    operation_id="get_process",
+    dependencies=[requires(Scope.read)],
+)
+async def get_process(
+    client: Processes, namespace: Namespace, process_id: ProcessId
+) -> ProcessResponse:
+    """The live process, with its pending timer."""
+    process = await client.processes.get(namespace, process_id)
+    if process is None:
+        raise ProcessNotFound(namespace, process_id)
+    return ProcessResponse.of(process)
+
+
+@router.delete(
+    "/{namespace}/{process_id:dl_process_id}",
+    response_model=TaskAnswer,
+    responses=ERRORS,
+    operation_id="remove_process",
+    dependencies=[requires(Scope.admin)],
+)
+async def remove_process(
+    client: Processes,
+    namespace: Namespace,
+    process_id: ProcessId,
+    actor: Actor,
+    timeout_sec: Annotated[float, Query(gt=0, le=MAX_WAIT_SEC)] = DEFAULT_WAIT_SEC,
+) -> TaskAnswer:
+    """Remove the process after the task it runs: its timer and queued tasks are canceled,
+    its id is free at once, its history is kept until retention prunes it."""
+    processes = client.acting_as(actor).processes
+    task_id = await processes.submit(namespace, process_id, TaskKind.REMOVE)
+    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, timeout_sec))
+
+
+@tasks_router.get(
+    "/{task_id}",
+    response_model=TaskAnswer,
+    responses=ERRORS,
+    operation_id="get_process_task_response",
+    dependencies=[requires(Scope.read)],
+)
+async def get_process_task_response(
+    client: Processes,
+    task_id: uuid.UUID,
+    timeout_sec: Annotated[float, Query(gt=0, le=MAX_WAIT_SEC)] = DEFAULT_WAIT_SEC,
+) -> TaskAnswer:
+    """The response of a process's task (after a 504, say), waiting up to `timeout_sec`."""
+    return TaskAnswer(
+        task_id=task_id, response=await client.processes.response(task_id, timeout_sec)
+    )
