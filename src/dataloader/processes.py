@@ -192,7 +192,7 @@ class Processes:
                 found = await store.process_facts(conn, namespace, process_id)
                 refusal = admit(kind, found)
                 if found is None or refusal is not None:
-                    raise _refused(refusal or Refusal.NOT_FOUND, namespace, process_id)
+                    raise refusal_error(refusal or Refusal.NOT_FOUND, namespace, process_id)
                 facts = found
                 key = (
                     None
@@ -200,7 +200,7 @@ class Processes:
                     else idempotency_key_of(facts.process_ref, kind, idempotency_key)
                 )
             if refusal is not None:
-                raise _refused(refusal, namespace, process_id)
+                raise refusal_error(refusal, namespace, process_id)
             priority = definition.priority if definition is not None else DEFAULT_PRIORITY
             job = NewJob(
                 task=task_name_of(namespace),
@@ -235,7 +235,7 @@ class Processes:
         if process is None:
             raise ProcessNotFound(namespace, process_id)
         if process.status is ProcessStatus.ERROR and process.corrupted_by != task_id:
-            raise _refused(Refusal.IN_ERROR, namespace, process_id)
+            raise refusal_error(Refusal.IN_ERROR, namespace, process_id)
         raise ProcessTaskFailed(
             f"task {task_id} of process {process_id!r} ended {state.status.value}"
             + (f": {state.error}" if state.error else ""),
@@ -284,7 +284,8 @@ class Processes:
         return events
 
 
-def _refused(refusal: Refusal, namespace: str, process_id: str) -> Exception:
+def refusal_error(refusal: Refusal, namespace: str, process_id: str) -> Exception:
+    """The exception a caller gets for `refusal` (see `core.processes.admit`)."""
     if refusal is Refusal.NOT_FOUND:
         return ProcessNotFound(namespace, process_id)
     message = _REFUSALS[refusal].format(id=process_id, ns=namespace)

@@ -14,6 +14,9 @@ its args are checked and parsed by its model, its timeout applies, `ctx.set_prog
 how it ended is decided by the same rules: a success stores its JSON result, an exception is
 retried after the task's retry policy's delay unless it is non-retryable or the attempts are
 spent, `ctx.check_cancelled()` after `cancel=True` cancels.
+
+A durable process's processor is tested with `ProcessHarness` (`dataloader.testing_processes`):
+its processes in memory, their tasks run by the workers' rules, timers on a clock of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dataloader.exceptions import IdempotencyConflict, InvalidJob, InvalidJobArg
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.tasks import Task, TaskRegistry
 from dataloader.tasks import registry as default_registry
+from dataloader.testing_processes import ProcessHarness as ProcessHarness  # durable processes
 from dataloader.workers.batches import HandlerStats
 from dataloader.workers.completer import decide
 from dataloader.workers.executor import Executor

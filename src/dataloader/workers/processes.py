@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Final
 
@@ -35,6 +36,7 @@ from dataloader.core.processes import (
     ZOMBIE_DETAIL,
     Before,
     Namespace,
+    Process,
     ProcessResult,
     ProcessTask,
     StepWrite,
@@ -122,7 +124,7 @@ class ProcessSteps:
         started = time.monotonic()
         pipeline = start_call(
             running,
-            _attempts(task, namespace, call, found),
+            call_processor(task, call, found.process),
             timeout_sec=None,  # each attempt has its own: the step timeout
             name=f"dataloader-process-step-{job.job_id}",
         )
@@ -223,20 +225,25 @@ def _stage_of(write: StepWrite) -> str:
     return "task_completion"
 
 
-async def _attempts(
-    task: Task, namespace: Namespace, call: ProcessTask, found: StepInput
+async def call_processor(
+    task: Task,
+    call: ProcessTask,
+    process: Process,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> ProcessResult:
-    """Call the processor until it returns, `namespace.attempts` times at most, each call
-    under the step timeout; the last error is raised."""
+    """Call `task`'s processor for `call` on `process` until it returns, its namespace's
+    `attempts` times at most, each call under the step timeout, `sleep` between them for the
+    retry policy's delay; the last error is raised (a step timeout at once, unless the
+    processor is idempotent: a zombie)."""
+    namespace = task.process
+    assert namespace is not None
     policy = namespace.retry or DEFAULT_RETRY
     processor: Any = task.handler  # `async def handler(task, process)`
     attempt = 1
     while True:
         this = ProcessTask(call.kind, call.args, call.task_id, attempt)
         try:
-            result: Any = await within_timeout(
-                processor(this, found.process), namespace.step_timeout_sec
-            )
+            result: Any = await within_timeout(processor(this, process), namespace.step_timeout_sec)
         except TaskTimeout:
             if not namespace.idempotent:
                 raise  # a zombie: the step may have done half of its work
@@ -262,5 +269,5 @@ async def _attempts(
             )
         else:
             return result  # type: ignore[no-any-return]
-        await asyncio.sleep(delay)
+        await sleep(delay)
         attempt += 1
