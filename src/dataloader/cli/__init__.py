@@ -4,6 +4,7 @@
 * `contracts.py`: `contract export | check | generate` (queue contracts);
 * `jobs.py`, `watch.py`: `enqueue`, `jobs`, `show`, `cancel`, `retry`, `watch`;
 * `queues.py`: `queues`, `pause`, `resume`, `limits`;
+* `processes.py`: `processes list | show | events | start | call | repair | remove`;
 * `status.py`, `maintenance.py`: `status`, `prune`.
 
 The operators' commands (all but the service's and the contracts') go through
@@ -25,6 +26,7 @@ import typer
 from dataloader.cli import jobs, maintenance, queues, service, status, watch
 from dataloader.cli.common import BUILTIN_PIPELINES, ExitCode, import_pipelines, say
 from dataloader.cli.contracts import contract_app
+from dataloader.cli.processes import processes_app
 
 __all__ = ["BUILTIN_PIPELINES", "ExitCode", "app", "import_pipelines", "main"]
 
@@ -61,7 +63,7 @@ def _program(
         service.serve()
 
 
-_SERVICE, _JOBS, _QUEUES, _SYSTEM = "Service", "Jobs", "Queues", "System"
+_SERVICE, _JOBS, _QUEUES, _PROCESSES, _SYSTEM = "Service", "Jobs", "Queues", "Processes", "System"
 
 app.command(rich_help_panel=_SERVICE)(service.serve)
 app.command(rich_help_panel=_SERVICE)(service.worker)
@@ -77,6 +79,7 @@ app.command(rich_help_panel=_QUEUES)(queues.queues)
 app.command(rich_help_panel=_QUEUES)(queues.pause)
 app.command(rich_help_panel=_QUEUES)(queues.resume)
 app.command(rich_help_panel=_QUEUES)(queues.limits)
+app.add_typer(processes_app, rich_help_panel=_PROCESSES)
 app.command(rich_help_panel=_SYSTEM)(status.status)
 app.command(rich_help_panel=_SYSTEM)(maintenance.prune)
 
