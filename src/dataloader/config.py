@@ -335,6 +335,13 @@ class Settings(BaseSettings):
     prune_lost_after_sec: float = Field(
         default=30 * 86_400, ge=0, le=MAX_DELAY_SEC, description="The same for lost jobs."
     )
+    prune_removed_processes_after_sec: float = Field(
+        default=7 * 86_400,
+        ge=0,
+        le=MAX_DELAY_SEC,
+        description="Removed durable processes (their row and history) are deleted this long"
+        " after their removal; 0: kept forever.",
+    )
     prune_heartbeats_after_sec: float = Field(
         default=86_400,
         ge=0,

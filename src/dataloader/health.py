@@ -12,7 +12,7 @@ from typing import Any
 from dataloader.config import Settings
 from dataloader.core.models import QueueStats
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
-from dataloader.storage.admin import StatusReading
+from dataloader.storage.admin import PROCESSES_IN_ERROR_LOOKED_AT, StatusReading
 from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
 
@@ -58,14 +58,25 @@ def status_document(reading: StatusReading, settings: Settings) -> dict[str, Any
 def warnings_of(reading: StatusReading, settings: Settings) -> list[str]:
     """Every warning of what was read: queues with ready jobs nobody serves, tasks of queued
     jobs or of schedules that no live process knows, the queue table's vacuum held back,
-    maintenance failing or led by nobody."""
+    maintenance failing or led by nobody, durable processes in error."""
     return (
         unserved_warnings(reading.ready, reading.live)
         + unknown_task_warnings(reading.queued_tasks, reading.live)
         + unknown_schedule_warnings(list(reading.cron.values()), reading.live)
         + vacuum_warnings(reading.table, settings.long_transaction_sec)
         + maintenance_warnings(reading.runs, reading.leases, reading.live, settings)
+        + process_warnings(reading.processes_in_error)
     )
+
+
+def process_warnings(in_error: Mapping[str, int]) -> list[str]:
+    """Namespaces with durable processes in error: each waits for a repair."""
+    counted = sum(in_error.values())
+    return [
+        f"{n}{'+' if counted >= PROCESSES_IN_ERROR_LOOKED_AT else ''} process(es) of namespace"
+        f" {namespace!r} are in error: repair them (`dataloader processes list --status error`)"
+        for namespace, n in in_error.items()
+    ]
 
 
 def maintenance_warnings(

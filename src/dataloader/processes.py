@@ -269,6 +269,11 @@ class Processes:
                 before=cursor,
             )
 
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """Live processes by (namespace, status)."""
+        async with self._client._connections.connection() as conn:
+            return await store.count_processes(conn)
+
     async def events(
         self, namespace: str, process_id: str, *, after: int = 0, limit: int = 100
     ) -> builtins.list[Event]:

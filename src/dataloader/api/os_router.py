@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Final
 
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
@@ -33,6 +33,10 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+#: What leaves the gauges of a scrape out: the database slow or unreachable.
+UNREADABLE: Final = (TimeoutError, *CONNECTION_ERRORS)
+
+
 @router.get(
     "/metrics",
     dependencies=[requires(Scope.read)],
@@ -42,16 +46,19 @@ async def health() -> dict[str, str]:
 )
 async def get_metrics(request: Request) -> Response:
     """This process's Prometheus metrics, in the text exposition format. The queue gauges
-    (ready jobs, oldest ready age) are read from the database at each scrape (a few
+    (ready jobs, oldest ready age) and the durable processes by status are read from the
+    database at each scrape (a few
     milliseconds, from index ranges); if it does not answer in time they are left out."""
+    client = request.app.state.client
     try:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
-            stats = await request.app.state.client.stats()
+            stats = await client.stats()
+            counts = await client.processes.counts()
         metrics.set_queue_gauges(stats.values())
-    except TimeoutError:
+        metrics.set_process_gauges(counts)
+    except UNREADABLE:
         metrics.set_queue_gauges(())
-    except CONNECTION_ERRORS:
-        metrics.set_queue_gauges(())
+        metrics.set_process_gauges({})
     body, content_type = metrics.exposition()
     return Response(content=body, media_type=content_type)
 

@@ -60,6 +60,8 @@ async def _prune(settings: Settings, dry_run: bool, actor: str, as_json: bool) -
     kept = {status.value: sec for status, sec in retention.by_status().items()}
     if retention.heartbeats_sec > 0:
         kept["heartbeats"] = retention.heartbeats_sec
+    if retention.removed_processes_sec > 0:
+        kept["processes"] = retention.removed_processes_sec
     if as_json:
         key = "would_delete" if dry_run else "deleted"
         print_json({"dry_run": dry_run, key: counts, "retention_sec": kept})
@@ -69,13 +71,16 @@ async def _prune(settings: Settings, dry_run: bool, actor: str, as_json: bool) -
 
 
 async def _prunable(store: MaintenanceStore, retention: Retention) -> dict[str, int]:
-    """What the pruner would delete now: {status or "heartbeats": rows}."""
+    """What the pruner would delete now: {status, "heartbeats" or "processes": rows}."""
     counts = {
         status.value: await store.count_prunable_jobs(status, age)
         for status, age in retention.by_status().items()
     }
     if retention.heartbeats_sec > 0:
         counts["heartbeats"] = await store.count_prunable_heartbeats(retention.heartbeats_sec)
+    if retention.removed_processes_sec > 0:
+        age = retention.removed_processes_sec
+        counts["processes"] = await store.count_prunable_processes(age)
     return counts
 
 

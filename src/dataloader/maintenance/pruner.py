@@ -1,5 +1,6 @@
 """The pruner: deletes jobs that ended long ago (per status, `DL_PRUNE_*_AFTER_SEC`) with their
-journals, heartbeat entries of the journal past their age, and old throughput buckets.
+journals, heartbeat entries of the journal past their age, durable processes removed long ago
+with their history, and old throughput buckets.
 
 Each statement deletes one small batch (`DL_PRUNE_BATCH_SIZE`) in a transaction of its own,
 oldest first from an index of finished jobs, skipping rows someone holds: it never holds a
@@ -41,6 +42,8 @@ class Retention:
     failed_sec: float
     lost_sec: float
     heartbeats_sec: float
+    #: Removed durable processes, with their history.
+    removed_processes_sec: float = 0.0
 
     @classmethod
     def of(cls, settings: Settings) -> Retention:
@@ -51,6 +54,7 @@ class Retention:
             failed_sec=settings.prune_failed_after_sec,
             lost_sec=settings.prune_lost_after_sec,
             heartbeats_sec=settings.prune_heartbeats_after_sec,
+            removed_processes_sec=settings.prune_removed_processes_after_sec,
         )
 
     def by_status(self) -> dict[JobStatus, float]:
@@ -85,6 +89,13 @@ class Pruner:
             parts["heartbeats"] = partial(
                 self._store.prune_heartbeats, self._retention.heartbeats_sec, self._batch
             )
+        if self._retention.removed_processes_sec > 0:
+            age = self._retention.removed_processes_sec
+            # a removed process's events first: its row goes once they are gone
+            parts["process_events"] = partial(
+                self._store.prune_removed_process_events, age, self._batch
+            )
+            parts["processes"] = partial(self._store.prune_removed_processes, age, self._batch)
         parts["throughput"] = partial(
             self._store.prune_throughput, THROUGHPUT_KEPT_SEC, self._batch
         )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from dataloader.core.models import QueueStats
 from dataloader.core.queues import (
@@ -17,11 +17,14 @@ from dataloader.core.queues import (
     Throughput,
     throughput_of,
 )
-from dataloader.storage import queries
+from dataloader.storage import processes, queries
 from dataloader.storage.connections import Connections
 from dataloader.storage.db import AnyConnection
 from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun, MaintenanceStore
 from dataloader.storage.presence import LiveWorker, PresenceStore, live_worker
+
+#: Processes in error /status counts at most (it says "at least" beyond).
+PROCESSES_IN_ERROR_LOOKED_AT: Final = 10_000
 
 
 class AdminStore:
@@ -29,6 +32,15 @@ class AdminStore:
 
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
+
+    async def processes_in_error(self) -> dict[str, int]:
+        """{namespace: its live durable processes in error}, PROCESSES_IN_ERROR_LOOKED_AT
+        looked at in all."""
+        async with self._connections.connection() as conn:
+            rows = await conn.fetch(
+                *processes.PROCESSES_IN_ERROR.bind(limit=PROCESSES_IN_ERROR_LOOKED_AT)
+            )
+        return {r["namespace"]: r["n"] for r in rows}
 
     async def queue_stats(
         self, queue: str | None = None, live: Iterable[LiveWorker] | None = None
@@ -191,6 +203,8 @@ class StatusReading:
     leases: list[Lease]
     runs: list[MaintenanceRun]
     cron: dict[str, CronState]
+    #: {namespace: durable processes in error} (PROCESSES_IN_ERROR_LOOKED_AT at most in all)
+    processes_in_error: dict[str, int] = field(default_factory=dict)
 
 
 async def read_status(
@@ -208,4 +222,5 @@ async def read_status(
         leases=await maintenance.leases(),
         runs=await maintenance.runs(),
         cron=await maintenance.cron_state(),
+        processes_in_error=await admin.processes_in_error(),
     )

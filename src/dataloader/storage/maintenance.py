@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from dataloader.base import JobStatus
-from dataloader.storage import queries
+from dataloader.storage import processes, queries
 from dataloader.storage.connections import GuardedPool
 
 
@@ -140,6 +140,28 @@ class MaintenanceStore:
             *queries.PRUNE_THROUGHPUT.bind(after_sec=after_sec, limit=limit)
         )
         return deleted
+
+    async def prune_removed_process_events(self, after_sec: float, limit: int) -> int:
+        """Delete up to `limit` events of processes removed over `after_sec` ago; how many."""
+        deleted: int = await self._db.fetchval(
+            *processes.PRUNE_REMOVED_EVENTS.bind(after_sec=after_sec, limit=limit)
+        )
+        return deleted
+
+    async def prune_removed_processes(self, after_sec: float, limit: int) -> int:
+        """Delete up to `limit` processes removed over `after_sec` ago (once their events are
+        gone); how many."""
+        deleted: int = await self._db.fetchval(
+            *processes.PRUNE_REMOVED_PROCESSES.bind(after_sec=after_sec, limit=limit)
+        )
+        return deleted
+
+    async def count_prunable_processes(self, after_sec: float) -> int:
+        """How many removed processes the pruner would delete now."""
+        prunable: int = await self._db.fetchval(
+            *processes.COUNT_PRUNABLE_PROCESSES.bind(after_sec=after_sec)
+        )
+        return prunable
 
     async def count_prunable_jobs(self, status: JobStatus, after_sec: float) -> int:
         """How many jobs that ended `status` over `after_sec` ago `prune_jobs` would delete."""

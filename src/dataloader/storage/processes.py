@@ -179,6 +179,51 @@ SELECT job_id FROM dl_jobs
 WHERE status = 'queued' AND hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key
 """)
 
+#: Delete up to `limit` events of processes removed over `after_sec` ago, the longest removed
+#: first. Returns how many were deleted.
+PRUNE_REMOVED_EVENTS: Final = Statement("""
+WITH gone AS (
+    DELETE FROM dl_process_events WHERE (process_ref, event_id) IN (
+        SELECT e.process_ref, e.event_id
+        FROM dl_processes p JOIN dl_process_events e ON e.process_ref = p.process_ref
+        WHERE p.removed_at < now() - make_interval(secs => :after_sec::float8)
+        ORDER BY p.removed_at
+        LIMIT :limit)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+#: Delete up to `limit` processes removed over `after_sec` ago whose events are gone (see
+#: PRUNE_REMOVED_EVENTS). Returns how many were deleted.
+PRUNE_REMOVED_PROCESSES: Final = Statement("""
+WITH gone AS (
+    DELETE FROM dl_processes WHERE process_ref IN (
+        SELECT p.process_ref FROM dl_processes p
+        WHERE p.removed_at < now() - make_interval(secs => :after_sec::float8)
+          AND NOT EXISTS (SELECT 1 FROM dl_process_events e WHERE e.process_ref = p.process_ref)
+        ORDER BY p.removed_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+#: How many removed processes PRUNE_REMOVED_PROCESSES would delete now, events first.
+COUNT_PRUNABLE_PROCESSES: Final = Statement("""
+SELECT count(*) FROM dl_processes
+WHERE removed_at < now() - make_interval(secs => :after_sec::float8)
+""")
+
+#: Live processes in error, per namespace (`limit` looked at: /status says "at least").
+PROCESSES_IN_ERROR: Final = Statement("""
+SELECT namespace, count(*) AS n
+FROM (SELECT namespace FROM dl_processes
+      WHERE status = 'error' AND removed_at IS NULL LIMIT :limit) AS broken
+GROUP BY namespace ORDER BY namespace
+""")
+
 #: Live processes per namespace and status (an index-only scan of ix_dl_processes_list).
 COUNT_PROCESSES: Final = Statement("""
 SELECT namespace, status, count(*) AS n
