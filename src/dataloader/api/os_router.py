@@ -34,7 +34,7 @@ async def health() -> dict[str, str]:
 
 
 #: What leaves the gauges of a scrape out: the database slow or unreachable.
-UNREADABLE: Final = (TimeoutError, *CONNECTION_ERRORS)
+UNREADABLE: Final[tuple[type[BaseException], ...]] = (TimeoutError, *CONNECTION_ERRORS)
 
 
 @router.get(
