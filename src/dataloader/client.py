@@ -473,17 +473,24 @@ class Client:
                     raise RuntimeError(CLOSED_MESSAGE)
 
     async def _wait(self, job_id: uuid.UUID) -> JobState:
+        return (await self._wait_heard(job_id))[0]
+
+    async def _wait_heard(self, job_id: uuid.UUID) -> tuple[JobState, float | None]:
+        """The job once ended, and how long it took from the notification of its end to the
+        state in hand (None: it had ended before, or its end went unheard)."""
         state = await self._ended(job_id)
         if state is not None:  # no need to listen for a job that has ended
-            return state
+            return state, None
         async with self._finished.watch(job_id) as woken:
+            heard: float | None = None
             while True:
                 woken.clear()  # before reading: an end announced after the read wakes us
                 state = await self._ended(job_id)
                 if state is not None:
-                    return state
+                    return state, None if heard is None else time.perf_counter() - heard
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), WAIT_RECHECK_SEC)
+                heard = time.perf_counter() if woken.is_set() else None
                 if self._finished.closed:
                     raise RuntimeError(CLOSED_MESSAGE)
 

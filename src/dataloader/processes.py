@@ -18,6 +18,7 @@ submitted earlier (after a ProcessTimeout, say). What is accepted where is decid
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import time
@@ -223,11 +224,15 @@ class Processes:
         (its processor failed: the process is in error now; or it was canceled)."""
         task_id = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
         try:
-            state = await self._client.wait(task_id, timeout)
+            async with asyncio.timeout(timeout):
+                state, heard = await self._client._wait_heard(task_id)
         except TimeoutError:
             raise ProcessTimeout(task_id, timeout) from None
-        if namespace_of(state.task) is None:
+        namespace = namespace_of(state.task)
+        if namespace is None:
             raise JobNotFound(f"job {task_id} is not a task of a process")
+        if heard is not None:
+            metrics.observe_process_stage("notification", namespace, heard)
         if state.status is JobStatus.SUCCEEDED:
             return state.result
         namespace, process_id = _process_of_key(state.lock_key)

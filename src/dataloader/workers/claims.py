@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Final
 
 from dataloader import metrics
+from dataloader.core.processes import TIMER_KINDS, namespace_of
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.runtime import WorkerRuntime
@@ -70,6 +72,7 @@ class QueueClaims:
         try:
             put_back = await self._put_back_due(now)
             self.started += 1
+            started = time.perf_counter()
             with metrics.CLAIM_DURATION.labels(self.queue).time():
                 claim = await self._rt.protocol.claim_round(
                     self.queue,
@@ -82,6 +85,8 @@ class QueueClaims:
                     },
                 )
             self.answered += 1
+            if claim.jobs:
+                _time_process_scans(claim.jobs, time.perf_counter() - started)
             self._due_at = _due_at(now, claim.next_due_in)
             if put_back == 0 and self._due_at <= now:
                 self._due_at = now + DUE_RETRY_SEC  # held elsewhere: not a spin
@@ -124,6 +129,25 @@ class QueueClaims:
         # more may be due already when a whole batch was put back
         self._due_at = now if put_back >= PUT_BACK_BATCH else _due_at(now, due_in)
         return put_back
+
+
+def _time_process_scans(jobs: list[ClaimedJob], seconds: float) -> None:
+    """Time a claim round that took tasks of durable processes as progressor's scans: of
+    calls (init, call, repair) or of timers (timeout, remove), once per namespace and kind."""
+    seen: set[tuple[str, bool]] = set()
+    for job in jobs:
+        namespace = namespace_of(job.task)
+        if namespace is None:
+            continue
+        timer = job.args.get("kind") in TIMER_KIND_NAMES
+        if (namespace, timer) not in seen:
+            seen.add((namespace, timer))
+            stage = "timers_scanning" if timer else "calls_scanning"
+            metrics.observe_process_stage(stage, namespace, seconds)
+
+
+#: The job args' `kind` of a timer's task.
+TIMER_KIND_NAMES: Final = frozenset(kind.value for kind in TIMER_KINDS)
 
 
 def _due_at(now: float, due_in: float | None) -> float:
