@@ -48,8 +48,8 @@ from dataloader.core.routing import KnownTasks
 from dataloader.exceptions import InvalidJobArgs
 
 #: `async def handler(ctx: JobContext[Args])`, or `async def handler(batch: Batch[Args])` for a
-#: task with a `batch_size`.
-Handler = Callable[[Any], Coroutine[Any, Any, Any]]
+#: task with a `batch_size`, or a durable process's `async def processor(task, process)`.
+Handler = Callable[..., Coroutine[Any, Any, Any]]
 H = TypeVar("H", bound=Handler)
 
 

@@ -238,12 +238,13 @@ async def call_processor(
     namespace = task.process
     assert namespace is not None
     policy = namespace.retry or DEFAULT_RETRY
-    processor: Any = task.handler  # `async def handler(task, process)`
     attempt = 1
     while True:
         this = ProcessTask(call.kind, call.args, call.task_id, attempt)
         try:
-            result: Any = await within_timeout(processor(this, process), namespace.step_timeout_sec)
+            result: Any = await within_timeout(
+                task.handler(this, process), namespace.step_timeout_sec
+            )
         except TaskTimeout:
             if not namespace.idempotent:
                 raise  # a zombie: the step may have done half of its work

@@ -1,0 +1,297 @@
+"""Durable processes against real PostgreSQL, run by a service's workers: each guarantee of
+docs/processes.md, seen from the client and from the tables."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dataloader import (
+    Client,
+    JobStatus,
+    Process,
+    ProcessConflict,
+    ProcessNotFound,
+    ProcessResult,
+    ProcessStatus,
+    ProcessTask,
+    ProcessTaskFailed,
+    ProcessTimeout,
+    SetTimer,
+    TaskKind,
+    TaskRegistry,
+    UnsetTimer,
+)
+from dataloader.core.processes import ZOMBIE_DETAIL
+from tests.orders import registry as orders_registry
+
+from .conftest import Service, StartService, wait_until
+
+#: Long enough for a loaded machine, short enough for a test: a timer "in a while".
+SOON = 0.3
+#: A timer that must never fire within a test.
+LATER = 3600.0
+
+
+def processes() -> TaskRegistry:
+    """The orders, and a namespace whose processor the tests steer by the call's args."""
+    local = orders_registry.copy()
+
+    @local.process("steered", queue="steered", step_timeout=1, attempts=2, retry=0)
+    async def steered(task: ProcessTask, process: Process) -> ProcessResult:
+        args: dict[str, Any] = task.args if isinstance(task.args, dict) else {}
+        if "sleep" in args:
+            await asyncio.sleep(args["sleep"])
+        if args.get("fail_until_attempt", 0) > task.attempt:
+            raise RuntimeError(f"attempt {task.attempt} fails")
+        action: Any = None
+        if "timer" in args:
+            action = SetTimer(in_sec=args["timer"])
+        elif args.get("unset"):
+            action = UnsetTimer()
+        return ProcessResult(
+            events=[{"kind": task.kind.value, "args": task.args}],
+            aux_state={"calls": (process.aux_state or {}).get("calls", 0) + 1},
+            response={"kind": task.kind.value, "seen": process.last_event_id},
+            action=action,
+        )
+
+    return local
+
+
+@pytest.fixture
+async def service(start_service: StartService) -> Service:
+    return await start_service(
+        tasks=processes(),
+        workers=[{"queue": "orders", "concurrency": 4}, {"queue": "steered", "concurrency": 8}],
+    )
+
+
+@pytest.fixture
+def dl(service: Service) -> Client:
+    return service.dl
+
+
+async def events_of(conn: asyncpg.Connection, namespace: str, process_id: str) -> list[int]:
+    rows = await conn.fetch(
+        "SELECT e.event_id FROM dl_process_events e JOIN dl_processes p USING (process_ref)"
+        " WHERE p.namespace = $1 AND p.process_id = $2 ORDER BY e.event_id",
+        namespace,
+        process_id,
+    )
+    return [r["event_id"] for r in rows]
+
+
+async def test_start_runs_init_and_answers_with_its_response(dl: Client) -> None:
+    assert await dl.processes.start("orders", "o-1", {"total": 10}) == {"state": "awaiting_payment"}
+    process = await dl.processes.get("orders", "o-1")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+    assert process.aux_state == {"state": "awaiting_payment", "total": 10, "reminders": 0}
+    assert process.timer is not None
+    assert process.timer.kind is TaskKind.TIMEOUT
+    events = await dl.processes.events("orders", "o-1")
+    assert [(e.event_id, e.payload) for e in events] == [(1, {"created": {"total": 10}})]
+
+
+async def test_a_start_again_answers_the_same_with_the_same_args_and_409_with_others(
+    dl: Client, conn: asyncpg.Connection
+) -> None:
+    first = await dl.processes.start("orders", "o-1", {"total": 10})
+    assert await dl.processes.start("orders", "o-1", {"total": 10}) == first
+    with pytest.raises(ProcessConflict) as refused:
+        await dl.processes.start("orders", "o-1", {"total": 99})
+    assert refused.value.reason == "started_with_other_args"
+    assert await conn.fetchval("SELECT count(*) FROM dl_jobs WHERE task = 'process:orders'") == 1
+
+
+async def test_calls_to_one_process_run_one_at_a_time_and_each_gets_its_own_response(
+    dl: Client, conn: asyncpg.Connection
+) -> None:
+    await dl.processes.start("steered", "p")
+    answers = await asyncio.gather(
+        *(dl.processes.call("steered", "p", {"n": n, "sleep": 0.01}) for n in range(20))
+    )
+    # each call saw the history its predecessors left: one at a time, none lost, none twice
+    assert sorted(a["seen"] for a in answers) == list(range(1, 21))
+    assert await events_of(conn, "steered", "p") == list(range(1, 22))
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.aux_state == {"calls": 21}
+
+
+async def test_calls_run_in_the_order_they_arrive(dl: Client) -> None:
+    await dl.processes.start("steered", "p")
+    blocker = await dl.processes.submit("steered", "p", TaskKind.CALL, {"sleep": 0.5})
+    await wait_until(
+        lambda: running(dl, blocker), what="the blocking call to run"
+    )  # the calls below queue behind it, in order
+    ids = [await dl.processes.submit("steered", "p", TaskKind.CALL, {"n": n}) for n in range(5)]
+    answers = [await dl.processes.response(task_id, 30) for task_id in ids]
+    assert (await dl.processes.response(blocker, 30))["seen"] == 1
+    assert [a["seen"] for a in answers] == [2, 3, 4, 5, 6]
+
+
+async def test_a_timer_fires_after_its_delay_and_its_step_is_saved(dl: Client) -> None:
+    await dl.processes.start("steered", "p", {"timer": SOON})
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.timer is not None
+    timer = await dl.wait(process.timer.task_id, timeout=30)
+    assert timer.status is JobStatus.SUCCEEDED
+    events = await dl.processes.events("steered", "p")
+    assert [e.payload["kind"] for e in events] == ["init", "timeout"]
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.timer is None  # fired, and its step set no other
+
+
+async def test_a_replaced_or_unset_timer_never_fires(dl: Client, conn: asyncpg.Connection) -> None:
+    await dl.processes.start("steered", "a", {"timer": LATER})
+    await dl.processes.start("steered", "b", {"timer": LATER})
+    first_a = await dl.processes.get("steered", "a")
+    first_b = await dl.processes.get("steered", "b")
+    assert first_a is not None
+    assert first_b is not None
+    assert first_a.timer is not None
+    assert first_b.timer is not None
+    await dl.processes.call("steered", "a", {"timer": LATER * 2})
+    await dl.processes.call("steered", "b", {"unset": True})
+    statuses = await conn.fetch(
+        "SELECT job_id, status::text FROM dl_jobs WHERE job_id = ANY($1)",
+        [first_a.timer.task_id, first_b.timer.task_id],
+    )
+    assert {r["status"] for r in statuses} == {"canceled"}
+    replaced = await dl.processes.get("steered", "a")
+    assert replaced is not None
+    assert replaced.timer is not None
+    assert replaced.timer.task_id != first_a.timer.task_id
+    unset = await dl.processes.get("steered", "b")
+    assert unset is not None
+    assert unset.timer is None
+
+
+async def test_a_failing_processor_puts_the_process_in_error_until_repaired(
+    dl: Client, conn: asyncpg.Connection
+) -> None:
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    with pytest.raises(ProcessTaskFailed, match="RuntimeError: no") as failed:
+        await dl.processes.call("orders", "o-1", {"boom": "no"})
+    process = await dl.processes.get("orders", "o-1")
+    assert process is not None
+    assert process.status is ProcessStatus.ERROR
+    assert process.corrupted_by == failed.value.task_id
+    assert process.detail == "RuntimeError: no"
+    assert process.timer is None
+    job = await dl.get(failed.value.task_id)
+    assert job is not None
+    assert job.status is JobStatus.FAILED
+    with pytest.raises(ProcessConflict) as refused:
+        await dl.processes.call("orders", "o-1", {})
+    assert refused.value.reason == "in_error"
+    assert await dl.processes.repair("orders", "o-1") == {"repaired": True}
+    repaired = await dl.processes.get("orders", "o-1")
+    assert repaired is not None
+    assert repaired.status is ProcessStatus.RUNNING
+    assert repaired.corrupted_by is None
+    with pytest.raises(ProcessConflict) as again:
+        await dl.processes.repair("orders", "o-1")
+    assert again.value.reason == "not_in_error"
+
+
+async def test_a_processor_that_fails_and_then_succeeds_is_called_again_in_the_same_claim(
+    dl: Client,
+) -> None:
+    await dl.processes.start("steered", "p")
+    answer = await dl.processes.call("steered", "p", {"fail_until_attempt": 2})
+    assert answer["kind"] == "call"
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+
+
+async def test_a_step_that_outruns_its_timeout_is_a_zombie(dl: Client) -> None:
+    await dl.processes.start("steered", "p", {"timer": LATER})
+    with pytest.raises(ProcessTaskFailed, match=ZOMBIE_DETAIL) as failed:
+        await dl.processes.call("steered", "p", {"sleep": 5})
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.status is ProcessStatus.ERROR
+    assert process.detail == ZOMBIE_DETAIL
+    assert process.corrupted_by == failed.value.task_id
+    assert process.timer is None
+
+
+async def test_a_call_with_an_idempotency_key_is_one_task(
+    dl: Client, conn: asyncpg.Connection
+) -> None:
+    await dl.processes.start("steered", "p")
+    answers = await asyncio.gather(
+        *(dl.processes.call("steered", "p", {"x": 1}, idempotency_key="k") for _ in range(3))
+    )
+    assert answers[0] == answers[1] == answers[2]
+    assert await events_of(conn, "steered", "p") == [1, 2]
+
+
+async def test_remove_frees_the_id_and_cancels_the_timer(
+    dl: Client, conn: asyncpg.Connection
+) -> None:
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    before = await dl.processes.get("orders", "o-1")
+    assert before is not None
+    assert before.timer is not None
+    await dl.processes.remove("orders", "o-1")
+    assert await dl.processes.get("orders", "o-1") is None
+    timer = await dl.get(before.timer.task_id)
+    assert timer is not None
+    assert timer.status is JobStatus.CANCELED
+    with pytest.raises(ProcessNotFound):
+        await dl.processes.call("orders", "o-1", {})
+    with pytest.raises(ProcessNotFound):
+        await dl.processes.events("orders", "o-1")
+    assert await dl.processes.start("orders", "o-1", {"total": 1}) == {"state": "awaiting_payment"}
+    # the removed incarnation's row and history stay until retention prunes them
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM dl_processes WHERE process_id = 'o-1' AND removed_at IS NOT NULL"
+        )
+        == 1
+    )
+
+
+async def test_a_response_not_given_in_time_is_a_timeout_and_can_be_read_later(
+    dl: Client,
+) -> None:
+    await dl.processes.start("steered", "p")
+    task_id = await dl.processes.submit("steered", "p", TaskKind.CALL, {"sleep": 0.5})
+    with pytest.raises(ProcessTimeout) as late:
+        await dl.processes.response(task_id, 0.05)
+    assert late.value.task_id == task_id
+    assert (await dl.processes.response(task_id, 30))["kind"] == "call"
+
+
+async def test_a_call_to_a_process_that_does_not_exist_is_not_found(dl: Client) -> None:
+    with pytest.raises(ProcessNotFound):
+        await dl.processes.call("orders", "nope", {})
+
+
+async def test_processes_are_listed_newest_first_in_pages_and_counted(dl: Client) -> None:
+    for n in range(5):
+        await dl.processes.start("steered", f"p{n}")
+    first = await dl.processes.list(namespace="steered", limit=3)
+    assert [p.process_id for p in first.processes] == ["p4", "p3", "p2"]
+    assert first.next_cursor is not None
+    rest = await dl.processes.list(namespace="steered", limit=3, cursor=first.next_cursor)
+    assert [p.process_id for p in rest.processes] == ["p1", "p0"]
+    assert rest.next_cursor is None
+    assert (await dl.processes.list(status="error")).processes == []
+    assert (await dl.processes.counts())[("steered", "running")] == 5
+
+
+async def running(dl: Client, job_id: uuid.UUID) -> bool:
+    job = await dl.get(job_id)
+    return job is not None and job.status is JobStatus.RUNNING
