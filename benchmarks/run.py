@@ -36,6 +36,9 @@ from dataloader import (
     Batch,
     JobContext,
     NewJob,
+    Process,
+    ProcessResult,
+    ProcessTask,
     Runner,
     Settings,
     TaskRegistry,
@@ -1072,6 +1075,195 @@ async def idle_footprint(b: Bench) -> dict[str, Any]:
         proc.terminate()
         proc.wait(30)
     return {"slots": 100, "rss_mb": rss_kb / 1024, "connections": connections}
+
+
+# --- durable processes ------------------------------------------------------------------------
+
+PROCESS_QUEUE = "processes"
+
+
+def process_registry(history: int = 100) -> TaskRegistry:
+    """A no-op processor: each call appends one event and answers with the history's length."""
+    registry = TaskRegistry()
+
+    @registry.process("bench", queue=PROCESS_QUEUE, history=history)
+    async def noop(task: ProcessTask, process: Process) -> ProcessResult:
+        return ProcessResult(events=[task.kind.value], response=process.last_event_id)
+
+    @registry.register("noop")
+    async def plain(ctx: JobContext[dict[str, Any]]) -> None:
+        return None
+
+    return registry
+
+
+def process_settings(b: Bench, slots: int) -> Settings:
+    return b.settings(
+        workers=[WorkerSpec(queue=PROCESS_QUEUE, concurrency=slots)], db_pool_size=slots + 8
+    )
+
+
+async def _round_trips(
+    calls: int, callers: int, one: Callable[[int], Awaitable[object]]
+) -> dict[str, float]:
+    """`calls` round trips made by `callers` concurrent callers: per second, p50 and p99."""
+    latencies: list[float] = []
+    counter = iter(range(calls))
+
+    async def caller() -> None:
+        for i in counter:
+            started = time.perf_counter()
+            await one(i)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    elapsed = time.perf_counter() - started
+    return {
+        "per_s": calls / elapsed,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+    }
+
+
+@phase("process_calls")
+async def process_calls(b: Bench) -> dict[str, Any]:
+    """Call round trips through the Python client (32 concurrent callers, 200 processes, a
+    no-op processor, 32 slots, all in one process), beside plain jobs' enqueue→wait round
+    trips made the same way in the same run, alternating, medians of three rounds."""
+    processes, callers, calls = 200, 32, b.n(10_000)
+    async with Runner(process_settings(b, callers), process_registry()) as dl:
+        client = dl.client
+        await asyncio.gather(*(client.processes.start("bench", f"p{i}") for i in range(processes)))
+
+        async def call(i: int) -> object:
+            return await client.processes.call("bench", f"p{i % processes}", timeout=60)
+
+        async def job_round_trip(i: int) -> object:
+            new = NewJob(queue=PROCESS_QUEUE, task="noop", lock_key=f"j{i}")
+            return await client.wait((await client.enqueue(new)).job_id, timeout=60)
+
+        rounds = []
+        for _ in range(1 if b.quick else 3):
+            rounds.append(
+                {
+                    **_prefixed("call", await _round_trips(calls, callers, call)),
+                    **_prefixed("job", await _round_trips(calls, callers, job_round_trip)),
+                }
+            )
+    medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    return {"processes": processes, "callers": callers, "calls": calls} | medians
+
+
+def _prefixed(prefix: str, figures: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{key}": value for key, value in figures.items()}
+
+
+@phase("process_single")
+async def process_single(b: Bench) -> dict[str, Any]:
+    """Sequential calls to one process (each waits for the last one's response)."""
+    calls = b.n(3000)
+    async with Runner(process_settings(b, 4), process_registry()) as dl:
+        await dl.client.processes.start("bench", "one")
+        figures = await _round_trips(
+            calls, 1, lambda i: dl.client.processes.call("bench", "one", timeout=60)
+        )
+    return {"calls": calls} | figures
+
+
+@phase("process_timers")
+async def process_timers(b: Bench) -> dict[str, Any]:
+    """Timers of `n` processes due at the same second, written beforehand (processes and
+    their timer jobs in SQL, as many starts would leave them): the rate at which the workers
+    fire them, from their due time to the last one's end."""
+    n = b.n(100_000)
+    async with Runner(process_settings(b, 32), process_registry(), run_workers=False) as dl:
+        pool = dl.context.pool
+        due = await pool.fetchval("SELECT now() + interval '5 seconds'")
+        await pool.execute(TIMERS_SQL, n, due)
+    async with Runner(process_settings(b, 32), process_registry()) as dl:
+        pool = dl.context.pool
+        # the figures come from the database's clock: the poll only says when to read them
+        while await pool.fetchval(  # noqa: ASYNC110
+            "SELECT count(*) FROM dl_jobs WHERE task = 'process:bench' AND status <> 'succeeded'"
+        ):
+            await asyncio.sleep(0.2)
+        last = await pool.fetchval(
+            "SELECT max(finished_at) FROM dl_jobs WHERE task = 'process:bench'"
+        )
+        first_late = await pool.fetchval(
+            "SELECT min(attempted_at) - $1 FROM dl_jobs WHERE task = 'process:bench'", due
+        )
+    took = (last - due).total_seconds()
+    return {
+        "timers": n,
+        "timers_per_s": n / took,
+        "first_fired_after_s": first_late.total_seconds(),
+        "last_fired_after_s": took,
+    }
+
+
+#: `n` processes of namespace `bench`, each with a timeout timer due at `due` (as a step that
+#: set it would have left them).
+TIMERS_SQL = """
+WITH procs AS (
+    INSERT INTO dl_processes (namespace, process_id, queue, status, timer_kind, timer_at,
+                              timer_task)
+    SELECT 'bench', 'p' || i, 'processes', 'running', 'timeout', $2, gen_random_uuid()
+    FROM generate_series(1, $1) AS i
+    RETURNING process_ref, process_id, timer_task
+)
+INSERT INTO dl_jobs (job_id, queue, task, args, lock_key, priority, available_at, max_attempts,
+                     parked)
+SELECT timer_task, 'processes', 'process:bench',
+       jsonb_build_object('process_ref', process_ref, 'process_id', process_id,
+                          'kind', 'timeout', 'args', null),
+       'process:' || jsonb_build_array('bench', process_id)::text, 101, $2, 2, 'delayed'
+FROM procs
+"""
+
+
+@phase("process_history")
+async def process_history(b: Bench) -> dict[str, Any]:
+    """A call to a process with 1,000,000 events beside one to a process with 10 (the
+    processor is given the last 100): sequential calls to each, alternating, medians."""
+    events, calls = b.n(1_000_000), b.n(2000)
+    async with Runner(process_settings(b, 4), process_registry()) as dl:
+        client = dl.client
+        await client.processes.start("bench", "short")
+        await client.processes.start("bench", "long")
+        await dl.context.pool.execute(HISTORY_SQL, events - 1)
+        for _ in range(9):
+            await client.processes.call("bench", "short")
+        rounds: dict[str, list[float]] = {"short": [], "long": []}
+        for _ in range(5):
+            for name in ("short", "long"):
+                figures = await _round_trips(
+                    calls // 5,
+                    1,
+                    lambda i, name=name: client.processes.call("bench", name, timeout=60),  # type: ignore[misc]
+                )
+                rounds[name].append(figures["p50_ms"])
+    short, long = statistics.median(rounds["short"]), statistics.median(rounds["long"])
+    return {
+        "events": events,
+        "short_p50_ms": short,
+        "long_p50_ms": long,
+        "long_over_short": long / short,
+    }
+
+
+#: `$1` more events for the process `long` (its last_event_id follows).
+HISTORY_SQL = """
+WITH p AS (
+    UPDATE dl_processes SET last_event_id = last_event_id + $1
+    WHERE namespace = 'bench' AND process_id = 'long' AND removed_at IS NULL
+    RETURNING process_ref, last_event_id
+)
+INSERT INTO dl_process_events (process_ref, event_id, task_id, payload)
+SELECT p.process_ref, p.last_event_id - $1 + i, gen_random_uuid(), '"call"'::jsonb
+FROM p, generate_series(1, $1) AS i
+"""
 
 
 def admin_dsn(args: argparse.Namespace) -> str:
