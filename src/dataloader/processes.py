@@ -175,15 +175,12 @@ class Processes:
         args_json = _checked("args", _json, args)
         async with self._client._connections.connection() as conn, conn.transaction():
             if kind is TaskKind.INIT:
-                own = definition.queue if definition is not None else None
-                if queue is not None and own is not None and queue != own:
-                    raise InvalidJob("queue", f"namespace {namespace!r} runs on queue {own!r}")
                 metadata_json = _checked("metadata", _metadata_json, metadata)
                 facts, new = await store.start_process(
                     conn,
                     namespace,
                     process_id,
-                    _checked("queue", limits.check_name, queue or own or namespace),
+                    self.queue_of(namespace, queue),
                     args_json,
                     metadata_json,
                 )
@@ -215,6 +212,16 @@ class Processes:
             result = await enqueue(conn, job, actor=self._client.actor)
         metrics.observe_process_stage("request_preparing", namespace, time.perf_counter() - started)
         return result.job_id
+
+    def queue_of(self, namespace: str, queue: str | None = None) -> str:
+        """The queue a new process of `namespace` runs its tasks on: its processor's, when
+        this program has it (`queue`, if given, must be that one: InvalidJob), else `queue`,
+        else the namespace's name."""
+        definition = self._client.registry.namespace(namespace)
+        own = None if definition is None else definition.queue
+        if queue is not None and own is not None and queue != own:
+            raise InvalidJob("queue", f"namespace {namespace!r} runs on queue {own!r}")
+        return _checked("queue", limits.check_name, queue or own or namespace)  # type: ignore[no-any-return]
 
     async def response(self, task_id: uuid.UUID | str, timeout: float | None = None) -> Any:
         """The response of a task submitted earlier, once it has ended (within `timeout`

@@ -19,9 +19,17 @@ from starlette.convertors import Convertor, register_url_convertor
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
 from dataloader.api.v1.schemas import UNPARSABLE_BODY, ErrorResponse, IdempotencyKey, Name
+from dataloader.api.v1.service import JobsService
 from dataloader.client import Client
 from dataloader.config import Scope
-from dataloader.core.processes import PROCESS_ID_MAX_CHARS, Event, Process, ProcessStatus, TaskKind
+from dataloader.core.processes import (
+    PROCESS_ID_MAX_CHARS,
+    Event,
+    Process,
+    ProcessStatus,
+    TaskKind,
+    task_name_of,
+)
 from dataloader.exceptions import ProcessNotFound
 from dataloader.processes import MAX_PAGE
 
@@ -61,6 +69,7 @@ tasks_router = APIRouter(
 )
 
 Processes = Annotated[Client, Depends(from_state("client"))]
+JobsServiceDep = Annotated[JobsService, Depends(from_state("jobs_service"))]
 Namespace = Annotated[Name, Path(description="The process's namespace.")]
 ProcessId = Annotated[
     str,
@@ -291,11 +300,14 @@ async def start_process(
     process_id: ProcessId,
     body: StartRequest,
     actor: Actor,
+    service: JobsServiceDep,
 ) -> StartAnswer:
     """Start the process: its processor runs the `init` task, whose response is the answer.
     A start of a live process with the same args answers as its first start did; with other
-    args, 409."""
+    args, 409. Refused (422) where its tasks certainly cannot run: on a queue whose live
+    processes all lack the namespace's processor (as a job's trigger is)."""
     processes = client.acting_as(actor).processes
+    await service.check_route(task_name_of(namespace), processes.queue_of(namespace, body.queue))
     task_id = await processes.submit(
         namespace,
         process_id,

@@ -46,18 +46,20 @@ class JobsService:
         self._live_tasks = live_tasks
         self._contract = contract
 
+    async def check_route(self, task: str, queue: str) -> None:
+        """Refuse a job of `task` sent to `queue` where it certainly cannot run
+        (`core.routing`, as `trigger` does)."""
+        await self._live_tasks.check(
+            task, queue, self._client.registry, allow_unknown=self._settings.allow_unknown_tasks
+        )
+
     async def trigger(self, request: TriggerRequest, actor: str) -> TriggerResponse:
         """Idempotent enqueue, with the client's checks and defaults, refused where it
         certainly cannot run (`core.routing`): on another queue than its task's (InvalidJob),
         or on a queue whose live processes all lack its task (UnknownTask, unless
         DL_ALLOW_UNKNOWN_TASKS). A task nobody knows on a queue nobody serves is accepted:
         its jobs wait for their workers, and /status says so."""
-        await self._live_tasks.check(
-            request.task,
-            request.queue,
-            self._client.registry,
-            allow_unknown=self._settings.allow_unknown_tasks,
-        )
+        await self.check_route(request.task, request.queue)
         if self._contract is not None:
             self._contract.check(request.task, request.queue, request.args)
         result = await self._client.acting_as(actor).enqueue(
