@@ -34,7 +34,14 @@ from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import CONNECTION_ERRORS, DEFAULT_TIMEOUT_SEC, Connection, Pool
 from dataloader.storage.repositories import enqueue_many
-from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
+from dataloader.storage.transitions import (
+    Applied,
+    Fence,
+    Write,
+    apply_transitions,
+    facts_of,
+    writer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +164,11 @@ class ExpiredJob:
     task: str
     claim_token: uuid.UUID | None
     facts: JobFacts
+
+    @property
+    def fence(self) -> Fence:
+        """What the row must still be for the reaper's transition to be written."""
+        return Fence(self.job_id, self.facts, self.claim_token, expired=True)
 
 
 class WorkerProtocol:
@@ -470,12 +482,12 @@ class WorkerProtocol:
     ) -> dict[uuid.UUID, Applied]:
         """Write the reaper's transitions, each only if its lease is still expired or its
         owner still gone."""
-        return await apply_transitions(
-            self.db.fetch,
-            [(Fence(e.job_id, e.facts, e.claim_token, expired=True), t) for e, t in decided],
-            actor_role="reaper",
-            actor=reaper_id,
-        )
+        return dict(await self.reaper_writer(reaper_id)([(e.fence, t) for e, t in decided]))
+
+    def reaper_writer(self, reaper_id: str) -> Write[Transition]:
+        """The reaper's write of `transitions.settle`: fenced on a lease still expired or an
+        owner still gone (`ExpiredJob.fence`)."""
+        return writer(self.db.fetch, actor_role="reaper", actor=reaper_id)
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:

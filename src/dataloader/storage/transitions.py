@@ -3,6 +3,11 @@
 Workers (outcomes), the reaper (expired leases) and clients (cancel, retry, re-run) decide a
 job's next state on a snapshot of its row, then write it here, only if the row still matches
 that snapshot (`Fence`). A row that changed comes back with its facts now, to decide again.
+
+`settle` is that loop, once for every writer: read facts (the caller's), decide with a pure
+rule, write fenced, decide again the rows the write found changed, for a bounded number of
+rounds. Each caller brings its rule and its write (`writer` for the plain statement, or its
+own around it) and gets back what was written.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from asyncpg import Record
 
@@ -81,6 +86,97 @@ async def apply_transitions(
         )
     )
     return {row["job_id"]: _applied(row) for row in rows}
+
+
+D = TypeVar("D")
+
+#: A pure decision on a fenced row's facts (`core.transitions`): what to write, or None.
+Rule = Callable[[Fence], D | None]
+#: Writes decided items fenced: what became of each (a job missing: its fence no longer holds).
+Write = Callable[[list[tuple[Fence, D]]], Awaitable[Mapping[uuid.UUID, Applied]]]
+#: Reads the facts of jobs again (a job missing: there is no such job any more).
+Reread = Callable[[list[uuid.UUID]], Awaitable[Mapping[uuid.UUID, JobFacts]]]
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenDecision(Generic[D]):
+    """One decision `settle` wrote: the fence it was decided on, and what the write said."""
+
+    fence: Fence
+    decision: D
+    applied: Applied
+
+
+@dataclass(slots=True)
+class Settled(Generic[D]):
+    """What `settle` did with each fence, by job id."""
+
+    written: dict[uuid.UUID, WrittenDecision[D]] = field(default_factory=dict)
+    #: The fence no longer holds (not the caller's any more), or, with a reread, no such job.
+    gone: list[uuid.UUID] = field(default_factory=list)
+    #: Someone else held the row: try again later (the fence as last decided on).
+    busy: dict[uuid.UUID, Fence] = field(default_factory=dict)
+    #: Still changing after the last round (the fence with the row's facts as last known).
+    changing: dict[uuid.UUID, Fence] = field(default_factory=dict)
+    #: The rule decided nothing (on the facts of this fence).
+    undecided: dict[uuid.UUID, Fence] = field(default_factory=dict)
+
+
+async def settle(
+    fences: Sequence[Fence],
+    rule: Rule[D],
+    write: Write[D],
+    *,
+    rounds: int,
+    reread: Reread | None = None,
+) -> Settled[D]:
+    """Decide each fenced row with `rule` and `write` the decisions; a row the write found
+    changed is decided again on its facts now, up to `rounds` decisions in all. With `reread`
+    (a client, which owns no job), every row not written (changed, held elsewhere, or no longer
+    matching its fence) is read again before it is decided again; without it, a row held
+    elsewhere comes back `busy` and one no longer matching its fence `gone`."""
+    settled: Settled[D] = Settled()
+    pending = list(fences)
+    for n in range(rounds):
+        if n and reread is not None:
+            now = await reread([f.job_id for f in pending])
+            settled.gone += [f.job_id for f in pending if f.job_id not in now]
+            pending = [replace(f, facts=now[f.job_id]) for f in pending if f.job_id in now]
+        decided: list[tuple[Fence, D]] = []
+        for fence in pending:
+            decision = rule(fence)
+            if decision is None:
+                settled.undecided[fence.job_id] = fence
+            else:
+                decided.append((fence, decision))
+        applied = await write(decided) if decided else {}
+        pending = []
+        for fence, decision in decided:
+            found = applied.get(fence.job_id)
+            if found is not None and found.state == "written":
+                settled.written[fence.job_id] = WrittenDecision(fence, decision, found)
+            elif reread is not None:
+                pending.append(fence)
+            elif found is None:
+                settled.gone.append(fence.job_id)
+            elif found.state == "changed" and found.facts is not None:
+                pending.append(replace(fence, facts=found.facts))
+            else:
+                settled.busy[fence.job_id] = fence
+        if not pending:
+            return settled
+    settled.changing.update((f.job_id, f) for f in pending)
+    return settled
+
+
+def writer(fetch: Fetch, *, actor_role: str, actor: str, **options: Any) -> Write[Transition]:
+    """The plain write of `settle`: `apply_transitions` on `fetch` (a pool's or a
+    connection's), as `actor`, with `options` (its keyword arguments)."""
+
+    async def write(items: list[tuple[Fence, Transition]]) -> Mapping[uuid.UUID, Applied]:
+        return await apply_transitions(fetch, items, actor_role=actor_role, actor=actor, **options)
+
+    return write
 
 
 #: Bits of APPLY_TRANSITIONS's `flags` (its `t` CTE reads them by these values).
