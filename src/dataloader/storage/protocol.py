@@ -38,8 +38,9 @@ from dataloader.storage.transitions import (
     Applied,
     Fence,
     Write,
-    apply_transitions,
     facts_of,
+    release_keys,
+    set_states,
     writer,
 )
 
@@ -411,30 +412,26 @@ class WorkerProtocol:
         written find their job no longer the caller's)."""
         items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
         tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
-        apply = functools.partial(
-            apply_transitions,
-            items=items,
-            actor_role="worker",
-            actor=worker_id,
-            wakes_own_queue=True,
-            hand_off=hand_off,
-            claim_seed=tokens.seed,
-        )
 
         async def write() -> dict[uuid.UUID, Applied]:
-            if not stages:
-                return await apply(self.db.fetch)
-            async with self.db.connection() as conn, conn.transaction():
-                applied = await apply(conn.fetch)
+            async with self.db.transaction() as conn:
+                states = await set_states(conn, items, actor_role="worker", actor=worker_id)
                 written = [
                     job
-                    for job_id, jobs in stages.items()
-                    if job_id in applied and applied[job_id].state == "written"
+                    for job_id, jobs in (stages or {}).items()
+                    if job_id in states.applied and states.applied[job_id].state == "written"
                     for job in jobs
                 ]
                 if written:
                     await enqueue_many(conn, written, actor=worker_id)
-            return applied
+                return await release_keys(
+                    conn,
+                    states,
+                    actor=worker_id,
+                    wakes_own_queue=True,
+                    hand_off=hand_off,
+                    claim_seed=tokens.seed,
+                )
 
         return await self._claiming(tokens, write)
 
@@ -487,7 +484,7 @@ class WorkerProtocol:
     def reaper_writer(self, reaper_id: str) -> Write[Transition]:
         """The reaper's write of `transitions.settle`: fenced on a lease still expired or an
         owner still gone (`ExpiredJob.fence`)."""
-        return writer(self.db.fetch, actor_role="reaper", actor=reaper_id)
+        return writer(self.db.transaction, actor_role="reaper", actor=reaper_id)
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:

@@ -16,8 +16,7 @@ import json
 import re
 import struct
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -39,7 +38,7 @@ from dataloader.core.models import (
 from dataloader.core.transitions import JobFacts, Request, Transition
 from dataloader.exceptions import IdempotencyConflict, JobNotFound, NotRetryable
 from dataloader.storage import queries
-from dataloader.storage.connections import Connections
+from dataloader.storage.connections import Connections, atomic
 from dataloader.storage.db import AnyConnection, Connection
 from dataloader.storage.transitions import (
     Applied,
@@ -268,7 +267,9 @@ def _client_writer(conn: AnyConnection, actor: str) -> Write[Transition | Reques
         items: builtins.list[tuple[Fence, Transition | Request]],
     ) -> dict[uuid.UUID, Applied]:
         transitions = [(f, d) for f, d in items if isinstance(d, Transition)]
-        applied = await apply_transitions(conn.fetch, transitions, actor_role="by", actor=actor)
+        applied = await apply_transitions(
+            lambda: atomic(conn), transitions, actor_role="by", actor=actor
+        )
         for fence, decision in items:
             if isinstance(decision, Request):
                 written = await _request(conn, fence, decision, actor)
@@ -381,7 +382,7 @@ async def enqueue_many(
     if not jobs:
         return []
     ids = [uuid.uuid4() for _ in jobs]
-    async with _atomic(conn):
+    async with atomic(conn):
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
@@ -396,25 +397,6 @@ async def enqueue_many(
         else existing[job.idempotency_key]  # type: ignore[index]  # only keyed jobs are skipped
         for job, job_id in zip(jobs, ids, strict=True)
     ]
-
-
-@asynccontextmanager
-async def _atomic(conn: AnyConnection) -> AsyncIterator[None]:
-    """A transaction, or a savepoint when `conn` is in the caller's transaction."""
-    if not conn.is_in_transaction():
-        async with conn.transaction():
-            yield
-        return
-    # SQL savepoints rather than asyncpg's nested transaction, which refuses a transaction
-    # begun by a plain BEGIN
-    await conn.execute(queries.SAVEPOINT)
-    try:
-        yield
-    except BaseException:
-        if not conn.is_closed():
-            await conn.execute(queries.ROLLBACK_TO_SAVEPOINT)
-        raise
-    await conn.execute(queries.RELEASE_SAVEPOINT)
 
 
 async def _holders(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, Literal, TypeVar
 
@@ -23,9 +24,7 @@ from asyncpg import Record
 from dataloader.base import JobStatus
 from dataloader.core.transitions import KEEP, JobFacts, Transition
 from dataloader.storage import queries
-from dataloader.storage.db import storable_text
-
-Fetch = Callable[..., Awaitable[list[Record]]]
+from dataloader.storage.db import AnyConnection, storable_text
 
 #: The claim seed of a statement that hands nothing off (any value would do).
 NO_SEED: Final = uuid.UUID(int=0)
@@ -59,8 +58,122 @@ class Applied:
     handed: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """A job SET_JOB_STATES wrote that frees a lock_key a due job waits for."""
+
+    job_id: uuid.UUID
+    lock_key: str
+    queue: str
+    #: Whether it left `running` (else it was queued, and ended): its waiter is woken.
+    left_running: bool
+    #: Whether it is in `running` no more (its next job may be handed off).
+    stopped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StatesSet:
+    """What `set_states` did: each job's `Applied`, and the keys it freed that jobs wait for."""
+
+    applied: dict[uuid.UUID, Applied]
+    freed: list[Freed]
+
+    @property
+    def written(self) -> list[uuid.UUID]:
+        """The jobs whose fence held: written, in the caller's transaction."""
+        return [job_id for job_id, a in self.applied.items() if a.state == "written"]
+
+
+async def set_states(
+    conn: AnyConnection,
+    items: Sequence[tuple[Fence, Transition]],
+    *,
+    actor_role: str,
+    actor: str,
+) -> StatesSet:
+    """Set the state of each job whose fence holds, with its journal row (SET_JOB_STATES), on
+    `conn`, inside its transaction: the caller's statements that must go with the new states
+    follow on the same connection, then `release_keys`. A job missing from the answer no
+    longer matches its fence (it is not the caller's any more)."""
+    if not items:
+        return StatesSet({}, [])
+    rows = await conn.fetch(
+        *queries.SET_JOB_STATES.bind(**parameters_of(items), actor_role=actor_role, actor=actor)
+    )
+    return StatesSet(
+        {row["job_id"]: _applied(row) for row in rows},
+        [
+            Freed(
+                row["job_id"],
+                row["lock_key"],
+                row["queue"],
+                left_running=row["left_status"] == "running",
+                stopped=row["left_status"] == "running" and row["took_status"] != "running",
+            )
+            for row in rows
+            if row["waiter"]
+        ],
+    )
+
+
+async def release_keys(
+    conn: AnyConnection,
+    states: StatesSet,
+    *,
+    actor: str,
+    wakes_own_queue: bool = False,
+    hand_off: Sequence[uuid.UUID] = (),
+    claim_seed: uuid.UUID = NO_SEED,
+) -> dict[uuid.UUID, Applied]:
+    """After `set_states`, in the same transaction: wake the next job of each lock_key freed
+    (WAKE_LOCK_WAITERS), then claim for `actor` the next job of each key freed by a job named
+    in `hand_off`, when it is of the same queue (HAND_OFF_NEXT), its token derived from
+    `claim_seed` (see `protocol.ClaimTokens`). A statement only runs when it has work: a key
+    nobody waits for costs no round trip. Returns `states.applied`, the written jobs with
+    whether their next job collided and the job handed to the caller."""
+    applied = states.applied
+    if not states.freed:
+        return applied
+    written = states.written
+    asked = set(hand_off)
+    handing = [f for f in states.freed if f.stopped and f.job_id in asked]
+    rows = await conn.fetch(
+        *queries.WAKE_LOCK_WAITERS.bind(
+            job_ids=[f.job_id for f in states.freed],
+            lock_keys=[f.lock_key for f in states.freed],
+            queues=[f.queue for f in states.freed],
+            left_running=[f.left_running for f in states.freed],
+            written_ids=written,
+            wakes_own_queue=wakes_own_queue,
+            hand_off=[f.job_id for f in handing],
+        )
+    )
+    for row in rows:
+        if row["collision"]:
+            applied[row["job_id"]] = replace(applied[row["job_id"]], collision=True)
+    if not handing:
+        return applied
+    rows = await conn.fetch(
+        *queries.HAND_OFF_NEXT.bind(
+            job_ids=[f.job_id for f in handing],
+            lock_keys=[f.lock_key for f in handing],
+            queues=[f.queue for f in handing],
+            written_ids=written,
+            claim_seed=claim_seed,
+            actor=actor,
+        )
+    )
+    for row in rows:
+        applied[row["after"]] = replace(applied[row["after"]], handed=json.loads(row["handed"]))
+    return applied
+
+
+#: Opens a transaction and gives its connection (a pool's `transaction`, or `atomic(conn)`).
+Transaction = Callable[[], AbstractAsyncContextManager[AnyConnection]]
+
+
 async def apply_transitions(
-    fetch: Fetch,
+    transaction: Transaction,
     items: Sequence[tuple[Fence, Transition]],
     *,
     actor_role: str,
@@ -69,23 +182,21 @@ async def apply_transitions(
     hand_off: Sequence[uuid.UUID] = (),
     claim_seed: uuid.UUID = NO_SEED,
 ) -> dict[uuid.UUID, Applied]:
-    """Write each transition whose fence holds; a job missing from the answer no longer
-    matches its fence (it is not the caller's any more). The next job of a lock_key freed by
-    a job named in `hand_off` is claimed for `actor` when it is of the same queue, its token
-    derived from `claim_seed` (see `protocol.ClaimTokens`)."""
+    """Write each transition whose fence holds (`set_states`), then wake and hand off the
+    next jobs of the keys they free (`release_keys`), in one transaction. A job missing from
+    the answer no longer matches its fence (it is not the caller's any more)."""
     if not items:
         return {}
-    rows = await fetch(
-        *queries.APPLY_TRANSITIONS.bind(
-            **parameters_of(items),
-            actor_role=actor_role,
+    async with transaction() as conn:
+        states = await set_states(conn, items, actor_role=actor_role, actor=actor)
+        return await release_keys(
+            conn,
+            states,
             actor=actor,
             wakes_own_queue=wakes_own_queue,
-            hand_off=list(hand_off),
+            hand_off=hand_off,
             claim_seed=claim_seed,
         )
-    )
-    return {row["job_id"]: _applied(row) for row in rows}
 
 
 D = TypeVar("D")
@@ -169,25 +280,22 @@ async def settle(
     return settled
 
 
-def writer(fetch: Fetch, *, actor_role: str, actor: str, **options: Any) -> Write[Transition]:
-    """The plain write of `settle`: `apply_transitions` on `fetch` (a pool's or a
-    connection's), as `actor`, with `options` (its keyword arguments)."""
+def writer(transaction: Transaction, *, actor_role: str, actor: str) -> Write[Transition]:
+    """The plain write of `settle`: `apply_transitions` in a `transaction`, as `actor`."""
 
     async def write(items: list[tuple[Fence, Transition]]) -> Mapping[uuid.UUID, Applied]:
-        return await apply_transitions(fetch, items, actor_role=actor_role, actor=actor, **options)
+        return await apply_transitions(transaction, items, actor_role=actor_role, actor=actor)
 
     return write
 
 
-#: Bits of APPLY_TRANSITIONS's `flags` (its `t` CTE reads them by these values).
-EXPECT_CANCEL, EXPECT_RERUN, EXPECT_EXPIRED, FINISHED = 1, 2, 4, 8
-SET_ERROR, SET_RESULT, SET_DURATION, CLEAR_START, CLEAR_CHECKPOINT = 16, 32, 64, 128, 256
-SET_CANCEL, CANCEL, SET_RERUN, RERUN = 512, 1024, 2048, 4096
-
-#: APPLY_TRANSITIONS's arrays of shapes (what jobs of one batch mostly share), in order.
+#: SET_JOB_STATES's arrays of shapes (what jobs of one batch mostly share), in order.
 SHAPE_COLUMNS: Final = (
     "expect_status",
     "expect_attempt",
+    "expect_cancel",
+    "expect_rerun",
+    "expect_expired",
     "status",
     "attempt",
     "handbacks",
@@ -196,14 +304,21 @@ SHAPE_COLUMNS: Final = (
     "args",
     "journal",
     "detail",
-    "flags",
+    "finished",
+    "set_error",
+    "set_result",
+    "set_duration",
+    "clear_start",
+    "clear_checkpoint",
+    "set_cancel",
+    "set_rerun",
 )
 
 
 def parameters_of(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[Any]]:
-    """APPLY_TRANSITIONS's parameters. What varies from job to job (its id, claim token,
+    """SET_JOB_STATES's parameters. What varies from job to job (its id, claim token,
     result and duration) is sent per job; the rest of a fence and its transition (statuses,
-    counters, error, journal entry, flags) is sent once per distinct shape, which each job
+    counters, error, journal entry, yes/no columns) is sent once per distinct shape, which each job
     names by its position: the outcomes of a flush mostly share one shape, and every element
     of an array costs its encoding."""
     shapes: dict[tuple[Any, ...], int] = {}
@@ -217,6 +332,9 @@ def parameters_of(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[A
         shape = (
             facts.status.value,
             facts.attempt,
+            facts.cancel_requested,
+            facts.rerun_requested,
+            fence.expired,
             t.status.value,
             t.attempt,
             t.handbacks,
@@ -225,7 +343,14 @@ def parameters_of(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[A
             t.args_json,
             t.journal,
             json.dumps(_storable(t.detail)) if t.detail else None,
-            _flags(fence, t),
+            t.finished,
+            t.error is not KEEP,
+            t.result is not KEEP,
+            t.duration_ms is not KEEP,
+            t.clear_start,
+            t.clear_checkpoint,
+            None if t.cancel_requested is KEEP else bool(t.cancel_requested),
+            None if t.rerun_requested is KEEP else bool(t.rerun_requested),
         )
         kinds.append(shapes.setdefault(shape, len(shapes) + 1))
         job_ids.append(fence.job_id)
@@ -241,24 +366,6 @@ def parameters_of(items: Sequence[tuple[Fence, Transition]]) -> dict[str, list[A
         "durations": durations,
         **columns,
     }
-
-
-def _flags(fence: Fence, t: Transition) -> int:
-    """The yes/no parts of a fence and its transition, as APPLY_TRANSITIONS's `flags`."""
-    facts = fence.facts
-    return (
-        (EXPECT_CANCEL if facts.cancel_requested else 0)
-        | (EXPECT_RERUN if facts.rerun_requested else 0)
-        | (EXPECT_EXPIRED if fence.expired else 0)
-        | (FINISHED if t.finished else 0)
-        | (0 if t.error is KEEP else SET_ERROR)
-        | (0 if t.result is KEEP else SET_RESULT)
-        | (0 if t.duration_ms is KEEP else SET_DURATION)
-        | (CLEAR_START if t.clear_start else 0)
-        | (CLEAR_CHECKPOINT if t.clear_checkpoint else 0)
-        | (0 if t.cancel_requested is KEEP else SET_CANCEL | (CANCEL if t.cancel_requested else 0))
-        | (0 if t.rerun_requested is KEEP else SET_RERUN | (RERUN if t.rerun_requested else 0))
-    )
 
 
 def _storable(value: Any) -> Any:
@@ -277,8 +384,7 @@ def _storable(value: Any) -> Any:
 
 def _applied(row: Record) -> Applied:
     if row["state"] != "changed":
-        handed = None if row["handed"] is None else json.loads(row["handed"])
-        return Applied(row["state"], row["collision"], handed=handed)
+        return Applied(row["state"])
     return Applied("changed", facts=facts_of(row))
 
 
