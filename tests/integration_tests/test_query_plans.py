@@ -35,6 +35,22 @@ def _set_states_args() -> tuple[Any, ...]:
     return queries.SET_JOB_STATES.bind(**arrays, actor_role="worker", actor="w")
 
 
+def _finish_args() -> tuple[Any, ...]:
+    """FINISH_JOBS's arguments for one job's success, handing off the next job of its key."""
+    facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
+    fence = Fence(uuid.uuid4(), facts, uuid.uuid4())
+    transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    arrays = parameters_of([(fence, transition)])
+    return queries.FINISH_JOBS.bind(
+        **arrays,
+        actor_role="worker",
+        actor="w",
+        wakes_own_queue=True,
+        hand_off=[fence.job_id],
+        claim_seed=uuid.uuid4(),
+    )
+
+
 def _freed() -> dict[str, Any]:
     """The arguments naming one job that freed its lock_key, for the statements after it."""
     job_id = uuid.uuid4()
@@ -68,8 +84,9 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
     "park_jobs": queries.PARK_JOBS.bind(job_ids=[uuid.uuid4()], siblings=10),
     "set_checkpoint": queries.SET_CHECKPOINT.bind(**_ids(), checkpoint="{}"),
     "set_job_states": _set_states_args(),
+    "finish_jobs": _finish_args(),
     "wake_lock_waiters": queries.WAKE_LOCK_WAITERS.bind(
-        **_freed(), left_running=[True], wakes_own_queue=True, hand_off=[]
+        **_freed(), left_running=[True], handing=[False], wakes_own_queue=True
     ),
     "hand_off_next": queries.HAND_OFF_NEXT.bind(**_freed(), claim_seed=uuid.uuid4(), actor="w"),
     "job_facts": queries.JOB_FACTS.bind(job_id=uuid.uuid4()),
@@ -91,7 +108,8 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
 #: The statements that look for the next job of a freed lock_key (the first tells whether one
 #: waits, the others wake it, put it back, or hand it off).
 FREED_KEY: dict[str, tuple[Any, ...]] = {
-    name: BY_PRIMARY_KEY[name] for name in ("set_job_states", "wake_lock_waiters", "hand_off_next")
+    name: BY_PRIMARY_KEY[name]
+    for name in ("set_job_states", "wake_lock_waiters", "hand_off_next", "finish_jobs")
 }
 
 

@@ -38,3 +38,6 @@ def test_the_parameters_are_the_statements() -> None:
     params = parameters_of([fenced(Outcome(Ended.SUCCEEDED))])
     extra = {"actor_role", "actor"}
     assert set(params) | extra == set(queries.SET_JOB_STATES.names)
+    # the statement that also wakes and hands off takes the same, and what those parts need
+    extra |= {"wakes_own_queue", "hand_off", "claim_seed"}
+    assert set(params) | extra == set(queries.FINISH_JOBS.names)

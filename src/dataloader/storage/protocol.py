@@ -38,6 +38,7 @@ from dataloader.storage.transitions import (
     Applied,
     Fence,
     Write,
+    apply_transitions,
     facts_of,
     release_keys,
     set_states,
@@ -414,11 +415,21 @@ class WorkerProtocol:
         tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
 
         async def write() -> dict[uuid.UUID, Applied]:
+            if not stages:  # one statement, one round trip
+                return await apply_transitions(
+                    self.db.fetch,
+                    items,
+                    actor_role="worker",
+                    actor=worker_id,
+                    wakes_own_queue=True,
+                    hand_off=hand_off,
+                    claim_seed=tokens.seed,
+                )
             async with self.db.transaction() as conn:
                 states = await set_states(conn, items, actor_role="worker", actor=worker_id)
                 written = [
                     job
-                    for job_id, jobs in (stages or {}).items()
+                    for job_id, jobs in stages.items()
                     if job_id in states.applied and states.applied[job_id].state == "written"
                     for job in jobs
                 ]
@@ -484,7 +495,7 @@ class WorkerProtocol:
     def reaper_writer(self, reaper_id: str) -> Write[Transition]:
         """The reaper's write of `transitions.settle`: fenced on a lease still expired or an
         owner still gone (`ExpiredJob.fence`)."""
-        return writer(self.db.transaction, actor_role="reaper", actor=reaper_id)
+        return writer(self.db.fetch, actor_role="reaper", actor=reaper_id)
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:

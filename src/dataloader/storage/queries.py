@@ -763,8 +763,9 @@ RETURNING cancel_requested
 #: comes once per distinct *shape* (`kinds` names each job's), one array per column, since the
 #: outcomes of a batch mostly share one and asyncpg's encoding of every array element is most
 #: of the cost of a batch on the worker's side. `set_cancel` and `set_rerun` are NULL where the
-#: transition keeps the flag.
-SET_JOB_STATES: Final = Statement("""
+#: transition keeps the flag. (`_SET_STATES`: its common table expressions, FINISH_JOBS's
+#: first ones too.)
+_SET_STATES = """
 WITH u AS (
     SELECT u.job_id, u.expect_token, u.result, u.duration_ms, u.kind
     FROM unnest(:job_ids::uuid[], :expect_tokens::uuid[], :kinds::int[], :results::text[],
@@ -887,7 +888,13 @@ WITH u AS (
     WHERE EXISTS (SELECT 1 FROM dl_queues p
                   WHERE p.queue = f.queue AND (p.max_running IS NOT NULL
                                                OR p.max_running_per_partition IS NOT NULL))
-)
+)"""
+
+SET_JOB_STATES: Final = Statement(
+    "".join(
+        (
+            _SET_STATES,
+            """
 SELECT u.job_id, 'written' AS state, u.queue, u.lock_key, u.expect_status AS left_status,
        u.status::text AS took_status,
        -- whether a due job waits for the lock_key hash this frees: a job leaving `running`,
@@ -910,29 +917,24 @@ FROM mine m WHERE NOT m.fenced
 UNION ALL
 SELECT ident.job_id, 'busy', NULL, NULL, NULL, NULL, false, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
-""")
+""",
+        )
+    )
+)
 
-#: The next due job of each lock_key hash freed by jobs SET_JOB_STATES just wrote (`job_ids`,
-#: with their `lock_keys` and `queues`; `left_running`: whether each left `running`), in claim
-#: order, jobs written by that statement (`written_ids`) excepted. Run after it, in the same
-#: transaction (its rows stay locked: a claim still sees them running, and PARK_JOBS cannot
-#: share-lock them), and before HAND_OFF_NEXT, which claims the same job for the finished jobs
-#: named in `hand_off` (those it will be run for). A parked next job goes back into the
-#: claim's order (HAND_OFF_NEXT's own, when it is to hand it off). For a job that left
-#: `running`, the next job is woken (dl_lock_waiter_found, migration 0006): its queue is
-#: notified, on whichever replica serves it, unless `wakes_own_queue` (a worker, which serves
-#: the finished job's queue and wakes it itself) and it is of the same queue; and a next job
-#: whose lock_key differs from the finished one's (the same hashtext) is journalled
-#: `lock_key_collision`.
-#: Returns each finished job whose next job was woken, and whether it collided.
-WAKE_LOCK_WAITERS: Final = Statement("""
-WITH f AS (
-    SELECT * FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[],
-                         :left_running::bool[]) AS f(job_id, lock_key, queue, left_running)
-), next_up AS (
-    SELECT f.job_id, f.lock_key, f.queue, f.left_running, w.job_id AS next_id,
+#: Next: the jobs whose lock_key a job just written frees (`freed`: job_id, lock_key, queue,
+#: `left_running` (else it was queued, and ended), `handing`: whether a worker keeps a slot for
+#: the next job of its key, and it left `running` for another status), and those written
+#: (`written`), as WAKE_LOCK_WAITERS and HAND_OFF_NEXT read them from their parameters and
+#: FINISH_JOBS from what it wrote.
+
+#: The next due job, in claim order, of each lock_key hash freed (`next_up`), jobs just written
+#: excepted: looked up once, for both _WAKE and _HAND_OFF.
+_NEXT_UP = """
+, next_up AS (
+    SELECT f.job_id, f.lock_key, f.queue, f.left_running, f.handing, w.job_id AS next_id,
            w.queue AS next_queue, w.lock_key AS next_key, w.parked
-    FROM f
+    FROM freed f
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
         -- statistics taken while few jobs were due send this through the spec's claim index
@@ -940,67 +942,60 @@ WITH f AS (
         SELECT q.job_id, q.queue, q.lock_key, q.parked FROM dl_jobs q
         WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(f.lock_key)
           AND (q.available_at <= now()) IS TRUE AND q.job_id <> f.job_id
-          AND q.job_id <> ALL(:written_ids::uuid[])
+          AND q.job_id NOT IN (SELECT job_id FROM written)
         ORDER BY q.priority, q.created_at
         LIMIT 1
     ) AS w
-), put_back AS (
-    -- it goes back into the claim's order, if it was parked (by its primary key: a status
-    -- test an index could serve let stale statistics send this through the spec's claim
-    -- index, reading every queued job of the queue), unless HAND_OFF_NEXT is to take it
-    -- (`hand_off`, same queue): a row updated here would move behind the jobs it ties with
-    -- in claim order, and the hand-off would find another
+)"""
+
+#: The next job of each key freed is put back into the claim's order if it was parked, unless
+#: HAND_OFF_NEXT is to take it (the finished job is `handing`, and the next job of the same
+#: queue: _HAND_OFF puts it back itself when it does not hand it off): a row updated here would
+#: move behind the jobs it ties with in claim order, and the hand-off would find another. For a
+#: job that left `running`, the next job is woken (dl_lock_waiter_found, migration 0006): its
+#: queue is notified, on whichever replica serves it, unless `wakes_own_queue` (a worker, which
+#: serves the finished job's queue and wakes it itself) and it is of the same queue; and a next
+#: job whose lock_key differs from the finished one's (the same hashtext) is journalled
+#: `lock_key_collision` (`woken`: each finished job whose next job was woken, and whether it
+#: collided).
+_WAKE = """
+, wake_put_back AS (
+    -- by its primary key: a status test an index could serve let stale statistics send this
+    -- through the spec's claim index, reading every queued job of the queue
     UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
     WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status::text = 'queued'
-      AND NOT (n.job_id = ANY(:hand_off::uuid[]) AND n.next_queue = n.queue)
-)
-SELECT n.job_id,
-       dl_lock_waiter_found(n.job_id, n.lock_key,
-                            CASE WHEN :wakes_own_queue THEN n.queue END,
-                            n.next_id, n.next_queue, n.next_key) AS collision
-FROM next_up n
-WHERE n.left_running
-""")
+      AND NOT (n.handing AND n.next_queue = n.queue)
+), woken AS (
+    SELECT n.job_id,
+           dl_lock_waiter_found(n.job_id, n.lock_key,
+                                CASE WHEN :wakes_own_queue THEN n.queue END,
+                                n.next_id, n.next_queue, n.next_key) AS collision
+    FROM next_up n
+    WHERE n.left_running
+)"""
 
-#: Claim for `actor` the next due job, in claim order, of the lock_key hash freed by each job
-#: named (`job_ids`, with their `lock_keys` and `queues`: jobs SET_JOB_STATES just moved from
-#: `running` to another status, for a worker that keeps a free slot for that next job), when
-#: it is of the same queue, and that queue is neither paused nor limited (its claims count;
-#: such a job is put back into the claim's order instead, if it was parked); jobs written by
-#: that statement (`written_ids`) excepted. Run after WAKE_LOCK_WAITERS in the same
-#: transaction. It is claimed as CLAIM_JOBS would claim it, journalled `picked`: the jobs
-#: of a serial chain follow each other without a claim or a wake-up between them. Its token is
-#: the md5 of `claim_seed` and the finished job's id, which the worker knows (see
-#: RECOVER_CLAIMS). Each comes back, as CLAIM_JOBS returns a job, in JSON (`handed`), after
-#: the finished job's id (`after`).
-HAND_OFF_NEXT: Final = Statement("""
-WITH f AS (
-    SELECT * FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[])
-                  AS f(job_id, lock_key, queue)
-), next_up AS (
-    SELECT f.job_id, w.job_id AS next_id, w.parked,
+#: The next job (`next_up`) of the lock_key hash freed by each `handing` job is claimed for
+#: `actor` (the worker keeping a slot for it) when it is of the same queue, and that queue is
+#: neither paused nor limited (its claims count: such a job goes back into the claim's order
+#: instead, if it was parked). It is claimed as CLAIM_JOBS
+#: would claim it, journalled `picked`: the jobs of a serial chain follow each other without a
+#: claim or a wake-up between them. Its token is the md5 of `claim_seed` and the finished job's
+#: id, which the worker knows (see RECOVER_CLAIMS). `handed`: each, as CLAIM_JOBS returns a
+#: job, after the finished job's id (`after`).
+_HAND_OFF = """
+, hand_next AS (
+    SELECT n.job_id, n.next_id, n.parked,
            NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
-                               WHERE p.queue = w.queue
+                               WHERE p.queue = n.next_queue
                                  AND (p.paused OR p.max_running IS NOT NULL
                                       OR p.max_running_per_partition IS NOT NULL
                                       OR p.max_per_second IS NOT NULL))) AS open
-    FROM f
-    CROSS JOIN LATERAL (
-        -- by ix_dl_jobs_queued_lock_hash (see WAKE_LOCK_WAITERS)
-        SELECT q.job_id, q.queue, q.parked FROM dl_jobs q
-        WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(f.lock_key)
-          AND (q.available_at <= now()) IS TRUE AND q.job_id <> f.job_id
-          AND q.job_id <> ALL(:written_ids::uuid[])
-        ORDER BY q.priority, q.created_at
-        LIMIT 1
-    ) AS w
-    WHERE w.queue = f.queue
-), put_back AS (
-    -- a paused queue's, or one with limits (its claims count), is not handed off: it goes back
-    -- into the claim's order, if it was parked (by its primary key, as WAKE_LOCK_WAITERS)
-    UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
+    WHERE n.handing AND n.next_queue = n.queue
+), hand_put_back AS (
+    UPDATE dl_jobs q SET parked = NULL
+    FROM hand_next n
     WHERE q.job_id = n.next_id AND NOT n.open AND n.parked IS NOT NULL
       AND q.status::text = 'queued'
 ), handed AS (
@@ -1017,7 +1012,7 @@ WITH f AS (
         worker_id = :actor,
         lease_expires_at = now() + make_interval(secs => q.lease_ttl_sec),
         heartbeat_at = now()
-    FROM next_up n
+    FROM hand_next n
     WHERE q.job_id = n.next_id AND n.open AND q.status::text = 'queued'
     RETURNING n.job_id AS after, q.job_id, q.queue, q.task, q.args, q.lock_key,
               hashtext(q.lock_key) AS lock_hash, q.partition_key, q.priority, q.attempt,
@@ -1027,9 +1022,100 @@ WITH f AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', :actor::text)
     FROM handed
+)"""
+
+#: Wake the next job of each lock_key freed by jobs SET_JOB_STATES just wrote (`job_ids`, with
+#: their `lock_keys`, `queues`, `left_running` and `handing`; `written_ids`: every job it
+#: wrote): see _WAKE. Run after it in the same transaction (its rows stay locked: a claim still
+#: sees them running, and PARK_JOBS cannot share-lock them), and before HAND_OFF_NEXT.
+WAKE_LOCK_WAITERS: Final = Statement(
+    "".join(
+        (
+            """
+WITH freed AS (
+    SELECT * FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[],
+                         :left_running::bool[], :handing::bool[])
+                  AS f(job_id, lock_key, queue, left_running, handing)
+), written AS (
+    SELECT unnest(:written_ids::uuid[]) AS job_id
+)""",
+            _NEXT_UP,
+            _WAKE,
+            """
+SELECT job_id, collision FROM woken
+""",
+        )
+    )
 )
+
+#: Hand off the next job of each lock_key freed by the jobs named (`job_ids`, with their
+#: `lock_keys` and `queues`: jobs SET_JOB_STATES just moved from `running` to another status,
+#: for a worker that keeps a slot for that next job; `written_ids`: every job it wrote): see
+#: _HAND_OFF. Run after WAKE_LOCK_WAITERS in the same transaction.
+HAND_OFF_NEXT: Final = Statement(
+    "".join(
+        (
+            """
+WITH freed AS (
+    SELECT f.*, true AS left_running, true AS handing
+    FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[])
+         AS f(job_id, lock_key, queue)
+), written AS (
+    SELECT unnest(:written_ids::uuid[]) AS job_id
+)""",
+            _NEXT_UP,
+            _HAND_OFF,
+            """
 SELECT h.after, (to_jsonb(h) - 'after')::text AS handed FROM handed h
-""")
+""",
+        )
+    )
+)
+
+#: SET_JOB_STATES, WAKE_LOCK_WAITERS and HAND_OFF_NEXT in one statement (one round trip, the
+#: worker's finish): the jobs named in `hand_off` are `handing`. Each job comes back as from
+#: SET_JOB_STATES (`written`, `changed`, `busy`), a written one with whether its next job
+#: collided (`collision`) and the job handed to the caller (`handed`, JSON). Every part reads
+#: the database as it was when the statement started: the next jobs they find are the same,
+#: and the rows they write are not (WAKE's put back spares the job HAND_OFF is to take).
+FINISH_JOBS: Final = Statement(
+    "".join(
+        (
+            _SET_STATES,
+            """
+, freed AS (
+    -- a job leaving `running`, or a queued job ending (it may have been the one its key's
+    -- parked jobs waited behind)
+    SELECT u.job_id, u.lock_key, u.queue, u.expect_status = 'running' AS left_running,
+           u.expect_status = 'running' AND u.status::text <> 'running'
+               AND u.job_id = ANY(:hand_off::uuid[]) AS handing
+    FROM upd u
+    WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
+), written AS (
+    SELECT job_id FROM upd
+)""",
+            _NEXT_UP,
+            _WAKE,
+            _HAND_OFF,
+            """
+SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
+       NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
+       NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested,
+       (SELECT (to_jsonb(h) - 'after')::text FROM handed h WHERE h.after = u.job_id) AS handed
+FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
+WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
+  AND (SELECT count(*) FROM room_freed) >= 0
+UNION ALL
+SELECT m.job_id, 'changed', false, m.row_status, m.row_attempt, m.max_attempts,
+       m.row_handbacks, m.row_cancel, m.row_rerun, NULL
+FROM mine m WHERE NOT m.fenced
+UNION ALL
+SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
+""",
+        )
+    )
+)
 
 # --- reaper --------------------------------------------------------------------------------
 

@@ -267,9 +267,7 @@ def _client_writer(conn: AnyConnection, actor: str) -> Write[Transition | Reques
         items: builtins.list[tuple[Fence, Transition | Request]],
     ) -> dict[uuid.UUID, Applied]:
         transitions = [(f, d) for f, d in items if isinstance(d, Transition)]
-        applied = await apply_transitions(
-            lambda: atomic(conn), transitions, actor_role="by", actor=actor
-        )
+        applied = await apply_transitions(conn.fetch, transitions, actor_role="by", actor=actor)
         for fence, decision in items:
             if isinstance(decision, Request):
                 written = await _request(conn, fence, decision, actor)

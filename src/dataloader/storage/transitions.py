@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, Literal, TypeVar
 
@@ -25,6 +24,9 @@ from dataloader.base import JobStatus
 from dataloader.core.transitions import KEEP, JobFacts, Transition
 from dataloader.storage import queries
 from dataloader.storage.db import AnyConnection, storable_text
+
+#: A pool's or a connection's `fetch`.
+Fetch = Callable[..., Awaitable[list[Record]]]
 
 #: The claim seed of a statement that hands nothing off (any value would do).
 NO_SEED: Final = uuid.UUID(int=0)
@@ -143,9 +145,9 @@ async def release_keys(
             lock_keys=[f.lock_key for f in states.freed],
             queues=[f.queue for f in states.freed],
             left_running=[f.left_running for f in states.freed],
+            handing=[f in handing for f in states.freed],
             written_ids=written,
             wakes_own_queue=wakes_own_queue,
-            hand_off=[f.job_id for f in handing],
         )
     )
     for row in rows:
@@ -168,12 +170,8 @@ async def release_keys(
     return applied
 
 
-#: Opens a transaction and gives its connection (a pool's `transaction`, or `atomic(conn)`).
-Transaction = Callable[[], AbstractAsyncContextManager[AnyConnection]]
-
-
 async def apply_transitions(
-    transaction: Transaction,
+    fetch: Fetch,
     items: Sequence[tuple[Fence, Transition]],
     *,
     actor_role: str,
@@ -182,21 +180,23 @@ async def apply_transitions(
     hand_off: Sequence[uuid.UUID] = (),
     claim_seed: uuid.UUID = NO_SEED,
 ) -> dict[uuid.UUID, Applied]:
-    """Write each transition whose fence holds (`set_states`), then wake and hand off the
-    next jobs of the keys they free (`release_keys`), in one transaction. A job missing from
-    the answer no longer matches its fence (it is not the caller's any more)."""
+    """`set_states` then `release_keys` in one statement, one round trip (FINISH_JOBS), on
+    `fetch` (a pool's, or a connection's): for a write that adds nothing of its own between
+    them. A job missing from the answer no longer matches its fence (it is not the caller's
+    any more)."""
     if not items:
         return {}
-    async with transaction() as conn:
-        states = await set_states(conn, items, actor_role=actor_role, actor=actor)
-        return await release_keys(
-            conn,
-            states,
+    rows = await fetch(
+        *queries.FINISH_JOBS.bind(
+            **parameters_of(items),
+            actor_role=actor_role,
             actor=actor,
             wakes_own_queue=wakes_own_queue,
-            hand_off=hand_off,
+            hand_off=list(hand_off),
             claim_seed=claim_seed,
         )
+    )
+    return {row["job_id"]: _finished(row) for row in rows}
 
 
 D = TypeVar("D")
@@ -280,11 +280,11 @@ async def settle(
     return settled
 
 
-def writer(transaction: Transaction, *, actor_role: str, actor: str) -> Write[Transition]:
-    """The plain write of `settle`: `apply_transitions` in a `transaction`, as `actor`."""
+def writer(fetch: Fetch, *, actor_role: str, actor: str) -> Write[Transition]:
+    """The plain write of `settle`: `apply_transitions` on `fetch`, as `actor`."""
 
     async def write(items: list[tuple[Fence, Transition]]) -> Mapping[uuid.UUID, Applied]:
-        return await apply_transitions(transaction, items, actor_role=actor_role, actor=actor)
+        return await apply_transitions(fetch, items, actor_role=actor_role, actor=actor)
 
     return write
 
@@ -380,6 +380,14 @@ def _storable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_storable(v) for v in value]
     return value
+
+
+def _finished(row: Record) -> Applied:
+    """What FINISH_JOBS did with one job."""
+    if row["state"] != "changed":
+        handed = None if row["handed"] is None else json.loads(row["handed"])
+        return Applied(row["state"], row["collision"], handed=handed)
+    return Applied("changed", facts=facts_of(row))
 
 
 def _applied(row: Record) -> Applied:
