@@ -1,4 +1,4 @@
-"""Applying decided transitions (`dataloader.core.transitions`) with one fenced statement.
+"""Writing decided transitions (`dataloader.core.transitions`), fenced.
 
 Workers (outcomes), the reaper (expired leases) and clients (cancel, retry, re-run) decide a
 job's next state on a snapshot of its row, then write it here, only if the row still matches
@@ -8,6 +8,30 @@ that snapshot (`Fence`). A row that changed comes back with its facts now, to de
 rule, write fenced, decide again the rows the write found changed, for a bounded number of
 rounds. Each caller brings its rule and its write (`writer` for the plain statement, or its
 own around it) and gets back what was written.
+
+A write has three parts, each a statement of its own (`queries`):
+
+1. `set_states` (SET_JOB_STATES): the new state of each job whose fence holds, with its
+   journal row; it says which jobs were written, and which of them free a lock_key that a
+   due job waits for;
+2. `release_keys`: the next job of each such key is woken, or put back into the claim's order
+   (WAKE_LOCK_WAITERS), then, for a worker keeping a slot for it, claimed for that worker
+   (HAND_OFF_NEXT); each runs only when it has work.
+
+The seam: whatever must be written with a job's new state, and only if its fence holds, goes
+between the two, on the same connection, in the same transaction:
+
+    async with pool.transaction() as conn:
+        states = await set_states(conn, items, actor_role="worker", actor=worker_id)
+        for job_id in states.written:  # the jobs whose fence held
+            ...  # the caller's own statements (a process row, its events, its timer jobs)
+        applied = await release_keys(conn, states, actor=worker_id, hand_off=…, claim_seed=…)
+
+A caller's statement that fails rolls the whole write back: the jobs are still the caller's,
+to write again. A job handed off is claimed by `release_keys`: a caller whose answer may be
+lost derives `claim_seed` as `protocol.ClaimTokens` does (the worker's `finish` with stages
+is such a caller). `apply_transitions` is both parts in one statement, one round trip
+(FINISH_JOBS), for a write with nothing of its own between them.
 """
 
 from __future__ import annotations
