@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Channel on which the database announces that jobs ended (payload: their ids, comma-separated;
-#: `queries.APPLY_TRANSITIONS` sends it with every transition to a final status).
+#: `queries.SET_JOB_STATES` sends it with every transition to a final status).
 #: A waiter reads its job again at least this often, whatever it hears: a notification can be
 #: missed while the listening connection is replaced.
 WAIT_RECHECK_SEC: Final = 30.0

@@ -1,5 +1,5 @@
 """Hand-offs: a worker that ends a job keeps a free slot for the next job of its lock_key, and
-the write of the end claims that job for it (APPLY_TRANSITIONS's `hand_off`). A serial chain
+the write of the end claims that job for it (HAND_OFF_NEXT). A serial chain
 runs job after job without a claim between them, in order, one at a time, and no slot is ever
 promised twice."""
 

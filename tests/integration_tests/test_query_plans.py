@@ -26,13 +26,22 @@ from dataloader.storage.transitions import Fence, parameters_of
 RUNNING = 3000
 
 
-def _apply_args() -> tuple[Any, ...]:
-    """APPLY_TRANSITIONS's arguments for one job's success."""
+def _set_states_args() -> tuple[Any, ...]:
+    """SET_JOB_STATES's arguments for one job's success."""
     facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
     fence = Fence(uuid.uuid4(), facts, uuid.uuid4())
     transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
     arrays = parameters_of([(fence, transition)])
-    return queries.APPLY_TRANSITIONS.bind(
+    return queries.SET_JOB_STATES.bind(**arrays, actor_role="worker", actor="w")
+
+
+def _finish_args() -> tuple[Any, ...]:
+    """FINISH_JOBS's arguments for one job's success, handing off the next job of its key."""
+    facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
+    fence = Fence(uuid.uuid4(), facts, uuid.uuid4())
+    transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    arrays = parameters_of([(fence, transition)])
+    return queries.FINISH_JOBS.bind(
         **arrays,
         actor_role="worker",
         actor="w",
@@ -40,6 +49,12 @@ def _apply_args() -> tuple[Any, ...]:
         hand_off=[fence.job_id],
         claim_seed=uuid.uuid4(),
     )
+
+
+def _freed() -> dict[str, Any]:
+    """The arguments naming one job that freed its lock_key, for the statements after it."""
+    job_id = uuid.uuid4()
+    return {"job_ids": [job_id], "lock_keys": ["key-1"], "queues": ["q"], "written_ids": [job_id]}
 
 
 #: A claim of 10 jobs of queue `q`, for 10 slots, one job each.
@@ -68,7 +83,12 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
     "set_progress": queries.SET_PROGRESS.bind(**_ids(), progress="{}"),
     "park_jobs": queries.PARK_JOBS.bind(job_ids=[uuid.uuid4()], siblings=10),
     "set_checkpoint": queries.SET_CHECKPOINT.bind(**_ids(), checkpoint="{}"),
-    "apply_transitions": _apply_args(),
+    "set_job_states": _set_states_args(),
+    "finish_jobs": _finish_args(),
+    "wake_lock_waiters": queries.WAKE_LOCK_WAITERS.bind(
+        **_freed(), left_running=[True], handing=[False], wakes_own_queue=True
+    ),
+    "hand_off_next": queries.HAND_OFF_NEXT.bind(**_freed(), claim_seed=uuid.uuid4(), actor="w"),
     "job_facts": queries.JOB_FACTS.bind(job_id=uuid.uuid4()),
     "request_on_job": queries.REQUEST_ON_JOB.bind(
         job_id=uuid.uuid4(),
@@ -82,6 +102,14 @@ BY_PRIMARY_KEY: dict[str, tuple[Any, ...]] = {
         journal="cancel_requested",
         actor="client",
     ),
+}
+
+
+#: The statements that look for the next job of a freed lock_key (the first tells whether one
+#: waits, the others wake it, put it back, or hand it off).
+FREED_KEY: dict[str, tuple[Any, ...]] = {
+    name: BY_PRIMARY_KEY[name]
+    for name in ("set_job_states", "wake_lock_waiters", "hand_off_next", "finish_jobs")
 }
 
 
@@ -170,11 +198,12 @@ async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: st
             "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
             "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 5000) i"
         )
-        plan = await plan_of(conn, *_apply_args())
+        plans = {name: await plan_of(conn, *args) for name, args in FREED_KEY.items()}
     finally:
         await conn.close()
-    assert "'Index Name': 'ix_dl_jobs_queued_lock_hash'" in plan
-    assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
+    for plan in plans.values():
+        assert "'Index Name': 'ix_dl_jobs_queued_lock_hash'" in plan
+        assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
 
 
 async def test_the_job_put_back_is_written_by_its_primary_key(db_dsn: str) -> None:
@@ -190,10 +219,11 @@ async def test_the_job_put_back_is_written_by_its_primary_key(db_dsn: str) -> No
             "SELECT gen_random_uuid(), 'q', 't', 'chain', 'lock_key'"
             " FROM generate_series(1, 1000) i"
         )
-        plan = await plan_of(conn, *_apply_args())
+        plans = {name: await plan_of(conn, *args) for name, args in FREED_KEY.items()}
     finally:
         await conn.close()
-    assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
+    for plan in plans.values():
+        assert "'Index Name': 'ix_dl_jobs_claim'" not in plan
 
 
 #: A value of each filter of a job list, as the client passes it.

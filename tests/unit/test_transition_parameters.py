@@ -1,4 +1,4 @@
-"""APPLY_TRANSITIONS's parameters: what jobs of a batch share is sent once."""
+"""SET_JOB_STATES's parameters: what jobs of a batch share is sent once."""
 
 from __future__ import annotations
 
@@ -36,5 +36,8 @@ def test_jobs_of_one_shape_share_it_and_keep_their_own_values() -> None:
 
 def test_the_parameters_are_the_statements() -> None:
     params = parameters_of([fenced(Outcome(Ended.SUCCEEDED))])
-    extra = {"actor_role", "actor", "wakes_own_queue", "hand_off", "claim_seed"}
-    assert set(params) | extra == set(queries.APPLY_TRANSITIONS.names)
+    extra = {"actor_role", "actor"}
+    assert set(params) | extra == set(queries.SET_JOB_STATES.names)
+    # the statement that also wakes and hands off takes the same, and what those parts need
+    extra |= {"wakes_own_queue", "hand_off", "claim_seed"}
+    assert set(params) | extra == set(queries.FINISH_JOBS.names)

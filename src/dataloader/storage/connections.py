@@ -126,6 +126,31 @@ class GuardedPool:
         async with self.connection() as conn:
             return await conn.execute(query, *args)
 
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AnyConnection]:
+        """A pool connection in a transaction, committed when the block ends."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+
+@asynccontextmanager
+async def atomic(conn: AnyConnection) -> AsyncIterator[AnyConnection]:
+    """`conn` in a transaction, or in a savepoint when it is in the caller's transaction."""
+    if not conn.is_in_transaction():
+        async with conn.transaction():
+            yield conn
+        return
+    # SQL savepoints rather than asyncpg's nested transaction, which refuses a transaction
+    # begun by a plain BEGIN
+    await conn.execute(queries.SAVEPOINT)
+    try:
+        yield conn
+    except BaseException:
+        if not conn.is_closed():
+            await conn.execute(queries.ROLLBACK_TO_SAVEPOINT)
+        raise
+    await conn.execute(queries.RELEASE_SAVEPOINT)
+
 
 async def session_identity(conn: Connection) -> tuple[int, datetime]:
     """(pid, backend_start) of the session behind `conn`."""

@@ -34,7 +34,16 @@ from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.db import CONNECTION_ERRORS, DEFAULT_TIMEOUT_SEC, Connection, Pool
 from dataloader.storage.repositories import enqueue_many
-from dataloader.storage.transitions import Applied, Fence, apply_transitions, facts_of
+from dataloader.storage.transitions import (
+    Applied,
+    Fence,
+    Write,
+    apply_transitions,
+    facts_of,
+    release_keys,
+    set_states,
+    writer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +166,11 @@ class ExpiredJob:
     task: str
     claim_token: uuid.UUID | None
     facts: JobFacts
+
+    @property
+    def fence(self) -> Fence:
+        """What the row must still be for the reaper's transition to be written."""
+        return Fence(self.job_id, self.facts, self.claim_token, expired=True)
 
 
 class WorkerProtocol:
@@ -399,30 +413,36 @@ class WorkerProtocol:
         written find their job no longer the caller's)."""
         items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
         tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
-        apply = functools.partial(
-            apply_transitions,
-            items=items,
-            actor_role="worker",
-            actor=worker_id,
-            wakes_own_queue=True,
-            hand_off=hand_off,
-            claim_seed=tokens.seed,
-        )
 
         async def write() -> dict[uuid.UUID, Applied]:
-            if not stages:
-                return await apply(self.db.fetch)
-            async with self.db.connection() as conn, conn.transaction():
-                applied = await apply(conn.fetch)
+            if not stages:  # one statement, one round trip
+                return await apply_transitions(
+                    self.db.fetch,
+                    items,
+                    actor_role="worker",
+                    actor=worker_id,
+                    wakes_own_queue=True,
+                    hand_off=hand_off,
+                    claim_seed=tokens.seed,
+                )
+            async with self.db.transaction() as conn:
+                states = await set_states(conn, items, actor_role="worker", actor=worker_id)
                 written = [
                     job
                     for job_id, jobs in stages.items()
-                    if job_id in applied and applied[job_id].state == "written"
+                    if job_id in states.applied and states.applied[job_id].state == "written"
                     for job in jobs
                 ]
                 if written:
                     await enqueue_many(conn, written, actor=worker_id)
-            return applied
+                return await release_keys(
+                    conn,
+                    states,
+                    actor=worker_id,
+                    wakes_own_queue=True,
+                    hand_off=hand_off,
+                    claim_seed=tokens.seed,
+                )
 
         return await self._claiming(tokens, write)
 
@@ -470,12 +490,12 @@ class WorkerProtocol:
     ) -> dict[uuid.UUID, Applied]:
         """Write the reaper's transitions, each only if its lease is still expired or its
         owner still gone."""
-        return await apply_transitions(
-            self.db.fetch,
-            [(Fence(e.job_id, e.facts, e.claim_token, expired=True), t) for e, t in decided],
-            actor_role="reaper",
-            actor=reaper_id,
-        )
+        return dict(await self.reaper_writer(reaper_id)([(e.fence, t) for e, t in decided]))
+
+    def reaper_writer(self, reaper_id: str) -> Write[Transition]:
+        """The reaper's write of `transitions.settle`: fenced on a lease still expired or an
+        owner still gone (`ExpiredJob.fence`)."""
+        return writer(self.db.fetch, actor_role="reaper", actor=reaper_id)
 
 
 async def try_advisory_locks(conn: Connection, lock_hashes: Sequence[int]) -> dict[int, bool]:

@@ -541,7 +541,7 @@ CLAIM_LIMITED: Final = Statement(
 LOCK_QUEUE_CLAIMS: Final = Statement("SELECT pg_advisory_xact_lock(1684828012, hashtext(:queue))")
 
 #: The jobs a claiming write whose answer was lost claimed for `worker_id` (it may have
-#: committed: CLAIM_JOBS, CLAIM_LIMITED, or APPLY_TRANSITIONS handing off): those running with
+#: committed: CLAIM_JOBS, CLAIM_LIMITED, or HAND_OFF_NEXT): those running with
 #: one of the tokens it could have given, the md5 of its `claim_seed` and a `suffix` (a claim's
 #: row numbers, a hand-off's finished job ids). Nothing else knows these tokens: a job found is
 #: this worker's, and only it can run it or hand it back. Reads one of the partial indexes that
@@ -562,7 +562,7 @@ WHERE j.status = 'running' AND j.worker_id = :worker_id
 #: parked `delayed`; one whose lock_key hash is running is parked `lock_key`, but only if its
 #: running job could be share-locked (`FOR SHARE SKIP LOCKED` reads it as it is now): a job
 #: leaving `running` meanwhile may already have looked for the next job of its key to put
-#: back (APPLY_TRANSITIONS), and that job must not be parked after it looked (while the share
+#: back (WAKE_LOCK_WAITERS), and that job must not be parked after it looked (while the share
 #: lock is held, that job's end skips its row and is written again later, when it sees what
 #: this statement parked). The other queued jobs of such a busy hash are parked with them, up to
 #: `siblings` per hash (by ix_dl_jobs_queued_lock_hash): a long run of jobs of one running key
@@ -741,36 +741,33 @@ RETURNING cancel_requested
 
 # --- transitions --------------------------------------------------------------------------
 
-#: Apply decided transitions (dataloader.core.transitions). A job is written only if its row
-#: still matches the facts the transition was decided on: its status (`expect_status`), the
-#: claim that decided it (`expect_tokens`, NULL for a client's move of a job nobody runs), its
-#: attempt and flags, and for the reaper (`expect_expired`) a lease still expired (a heartbeat
-#: may have extended it since it was read). Each job comes back as
-#: * `written`, with whether the job woken next had waited because of a lock_key collision;
+#: Set the states of jobs as decided (dataloader.core.transitions), each with its journal row.
+#: A job is written only if its row still matches the facts the transition was decided on: its
+#: status (`expect_status`), the claim that decided it (`expect_tokens`, NULL for a client's
+#: move of a job nobody runs), its attempt and flags, and for the reaper (`expect_expired`) a
+#: lease still expired (a heartbeat may have extended it since it was read). Each job comes back
+#: as
+#: * `written`, with its queue, lock_key, the status it left and the one it took, and whether a
+#:   job waits for the lock_key it frees (`waiter`: WAKE_LOCK_WAITERS and HAND_OFF_NEXT, run
+#:   after this in the same transaction, have work only then);
 #: * `changed`: the identity holds but the attempt or a flag differs (a cancel or re-run was
 #:   requested meanwhile): its facts come back, to decide again;
 #: * `busy`: someone else holds the row (a pipeline fencing its writes with FOR SHARE): it is
 #:   skipped, not waited for, so one locked row cannot hold up the batch;
 #: a job missing from the answer no longer matches (it is not ours any more).
-#: A job leaving `running` wakes the next job waiting for its lock_key's hash (migration 0006),
-#: on whichever replica serves its queue; with `wakes_own_queue` (a worker, which serves the
-#: job's queue) a waiter of the same queue is not notified: the caller wakes its queue itself.
-#: A worker that keeps a free slot for the next job of a key it frees names the finished job in
-#: `hand_off`: that next job, if it is of the same queue, is claimed for it by this statement
-#: (`:actor` is the worker; its token the md5 of `claim_seed` and the finished job's id, which
-#: the worker knows: see RECOVER_CLAIMS) and comes back, as CLAIM_JOBS returns a job, in the
-#: finished job's `handed` (JSON).
+#: Ended jobs are announced to the clients waiting for them, and a job leaving `running` in a
+#: queue whose running jobs are limited wakes that queue's claims.
 #: The journal entry records the attempt that ended, `actor_role: actor` and the transition's
 #: detail (JSON text).
 #: What varies per job (id, claim token, result, duration) comes one element per job; the rest
-#: comes once per distinct *shape* (`kinds` names each job's), since the outcomes of a batch
-#: mostly share one and asyncpg's encoding of every array element is most of the cost of a
-#: batch on the worker's side. The yes/no parts of a shape come packed in `flags`;
-#: storage/transitions.py names the bits.
-APPLY_TRANSITIONS: Final = Statement("""
+#: comes once per distinct *shape* (`kinds` names each job's), one array per column, since the
+#: outcomes of a batch mostly share one and asyncpg's encoding of every array element is most
+#: of the cost of a batch on the worker's side. `set_cancel` and `set_rerun` are NULL where the
+#: transition keeps the flag. (`_SET_STATES`: its common table expressions, FINISH_JOBS's
+#: first ones too.)
+_SET_STATES = """
 WITH u AS (
-    SELECT u.job_id, u.expect_token, u.result, u.duration_ms, u.kind,
-           (:flags::int[])[u.kind] AS flags
+    SELECT u.job_id, u.expect_token, u.result, u.duration_ms, u.kind
     FROM unnest(:job_ids::uuid[], :expect_tokens::uuid[], :kinds::int[], :results::text[],
                 :durations::bigint[]) AS u(job_id, expect_token, kind, result, duration_ms)
 ), t AS (
@@ -778,6 +775,9 @@ WITH u AS (
     SELECT u.job_id, u.expect_token, u.result, u.duration_ms,
            (:expect_status::text[])[u.kind] AS expect_status,
            (:expect_attempt::int[])[u.kind] AS expect_attempt,
+           (:expect_cancel::bool[])[u.kind] AS expect_cancel,
+           (:expect_rerun::bool[])[u.kind] AS expect_rerun,
+           (:expect_expired::bool[])[u.kind] AS expect_expired,
            (:status::text[])[u.kind] AS status,
            (:attempt::int[])[u.kind] AS attempt,
            (:handbacks::int[])[u.kind] AS handbacks,
@@ -786,17 +786,14 @@ WITH u AS (
            (:args::text[])[u.kind] AS args,
            (:journal::text[])[u.kind] AS journal,
            (:detail::text[])[u.kind] AS detail,
-           (u.flags & 1) <> 0 AS expect_cancel,
-           (u.flags & 2) <> 0 AS expect_rerun,
-           (u.flags & 4) <> 0 AS expect_expired,
-           (u.flags & 8) <> 0 AS finished,
-           (u.flags & 16) <> 0 AS set_error,
-           (u.flags & 32) <> 0 AS set_result,
-           (u.flags & 64) <> 0 AS set_duration,
-           (u.flags & 128) <> 0 AS clear_start,
-           (u.flags & 256) <> 0 AS clear_checkpoint,
-           CASE WHEN (u.flags & 512) <> 0 THEN (u.flags & 1024) <> 0 END AS set_cancel,
-           CASE WHEN (u.flags & 2048) <> 0 THEN (u.flags & 4096) <> 0 END AS set_rerun
+           (:finished::bool[])[u.kind] AS finished,
+           (:set_error::bool[])[u.kind] AS set_error,
+           (:set_result::bool[])[u.kind] AS set_result,
+           (:set_duration::bool[])[u.kind] AS set_duration,
+           (:clear_start::bool[])[u.kind] AS clear_start,
+           (:clear_checkpoint::bool[])[u.kind] AS clear_checkpoint,
+           (:set_cancel::bool[])[u.kind] AS set_cancel,
+           (:set_rerun::bool[])[u.kind] AS set_rerun
     FROM u
 ), ident AS (
     -- `expect_expired` (the reaper's fence): the lease expired, or the owner is gone (its
@@ -881,43 +878,127 @@ WITH u AS (
          listened
     WHERE listened.anyone
     GROUP BY chunk
-), next_up AS (
-    -- the next due job of each lock_key hash freed: by a job leaving `running`, or a queued
-    -- job ending (it may have been the one its key's parked jobs waited behind)
-    SELECT u.job_id, u.expect_status, w.job_id AS next_id, w.queue, w.lock_key, w.parked,
-           u.expect_status = 'running' AND u.status::text <> 'running' AND w.queue = u.queue
-               AND u.job_id = ANY(:hand_off::uuid[])
-               -- nor from a paused queue, or one with limits (its claims count)
-               AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
-                                       WHERE p.queue = w.queue
-                                         AND (p.paused OR p.max_running IS NOT NULL
-                                              OR p.max_running_per_partition IS NOT NULL
-                                              OR p.max_per_second IS NOT NULL)))
-               AS handed_off
-    FROM upd u
+), room_freed AS (
+    -- a job leaving `running` in a queue whose running jobs are limited makes room: the
+    -- workers of every replica that serve it claim again (their claims held jobs back and
+    -- wait for this, not for their poll)
+    SELECT pg_notify('dl_jobs', f.queue)
+    FROM (SELECT DISTINCT u.queue FROM upd u
+          WHERE u.expect_status = 'running' AND u.status::text <> 'running') AS f
+    WHERE EXISTS (SELECT 1 FROM dl_queues p
+                  WHERE p.queue = f.queue AND (p.max_running IS NOT NULL
+                                               OR p.max_running_per_partition IS NOT NULL))
+)"""
+
+SET_JOB_STATES: Final = Statement(
+    "".join(
+        (
+            _SET_STATES,
+            """
+SELECT u.job_id, 'written' AS state, u.queue, u.lock_key, u.expect_status AS left_status,
+       u.status::text AS took_status,
+       -- whether a due job waits for the lock_key hash this frees: a job leaving `running`,
+       -- or a queued job ending (it may have been the one its key's parked jobs waited
+       -- behind); by ix_dl_jobs_queued_lock_hash, as WAKE_LOCK_WAITERS looks
+       (u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued'))
+       AND (SELECT EXISTS (
+           SELECT 1 FROM dl_jobs q
+           WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
+             AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id)) AS waiter,
+       NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
+       NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested
+FROM upd u
+WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
+  AND (SELECT count(*) FROM room_freed) >= 0
+UNION ALL
+SELECT m.job_id, 'changed', NULL, NULL, NULL, NULL, false, m.row_status, m.row_attempt,
+       m.max_attempts, m.row_handbacks, m.row_cancel, m.row_rerun
+FROM mine m WHERE NOT m.fenced
+UNION ALL
+SELECT ident.job_id, 'busy', NULL, NULL, NULL, NULL, false, NULL, NULL, NULL, NULL, NULL, NULL
+FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
+""",
+        )
+    )
+)
+
+#: Next: the jobs whose lock_key a job just written frees (`freed`: job_id, lock_key, queue,
+#: `left_running` (else it was queued, and ended), `handing`: whether a worker keeps a slot for
+#: the next job of its key, and it left `running` for another status), and those written
+#: (`written`), as WAKE_LOCK_WAITERS and HAND_OFF_NEXT read them from their parameters and
+#: FINISH_JOBS from what it wrote.
+
+#: The next due job, in claim order, of each lock_key hash freed (`next_up`), jobs just written
+#: excepted: looked up once, for both _WAKE and _HAND_OFF.
+_NEXT_UP = """
+, next_up AS (
+    SELECT f.job_id, f.lock_key, f.queue, f.left_running, f.handing, w.job_id AS next_id,
+           w.queue AS next_queue, w.lock_key AS next_key, w.parked
+    FROM freed f
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
         -- statistics taken while few jobs were due send this through the spec's claim index
         -- (every due job of every queue read, for each job written)
         SELECT q.job_id, q.queue, q.lock_key, q.parked FROM dl_jobs q
-        WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
-          AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id
+        WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(f.lock_key)
+          AND (q.available_at <= now()) IS TRUE AND q.job_id <> f.job_id
+          AND q.job_id NOT IN (SELECT job_id FROM written)
         ORDER BY q.priority, q.created_at
         LIMIT 1
     ) AS w
-    WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
-), put_back AS (
-    -- it goes back into the claim's order, if it was parked (by its primary key: a status
-    -- test an index could serve let stale statistics send this through the spec's claim
-    -- index, reading every queued job of the queue)
+)"""
+
+#: The next job of each key freed is put back into the claim's order if it was parked, unless
+#: HAND_OFF_NEXT is to take it (the finished job is `handing`, and the next job of the same
+#: queue: _HAND_OFF puts it back itself when it does not hand it off): a row updated here would
+#: move behind the jobs it ties with in claim order, and the hand-off would find another. For a
+#: job that left `running`, the next job is woken (dl_lock_waiter_found, migration 0006): its
+#: queue is notified, on whichever replica serves it, unless `wakes_own_queue` (a worker, which
+#: serves the finished job's queue and wakes it itself) and it is of the same queue; and a next
+#: job whose lock_key differs from the finished one's (the same hashtext) is journalled
+#: `lock_key_collision` (`woken`: each finished job whose next job was woken, and whether it
+#: collided).
+_WAKE = """
+, wake_put_back AS (
+    -- by its primary key: a status test an index could serve let stale statistics send this
+    -- through the spec's claim index, reading every queued job of the queue
     UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
     WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status::text = 'queued'
-      AND NOT n.handed_off AND q.job_id NOT IN (SELECT job_id FROM upd)
+      AND NOT (n.handing AND n.next_queue = n.queue)
+), woken AS (
+    SELECT n.job_id,
+           dl_lock_waiter_found(n.job_id, n.lock_key,
+                                CASE WHEN :wakes_own_queue THEN n.queue END,
+                                n.next_id, n.next_queue, n.next_key) AS collision
+    FROM next_up n
+    WHERE n.left_running
+)"""
+
+#: The next job (`next_up`) of the lock_key hash freed by each `handing` job is claimed for
+#: `actor` (the worker keeping a slot for it) when it is of the same queue, and that queue is
+#: neither paused nor limited (its claims count: such a job goes back into the claim's order
+#: instead, if it was parked). It is claimed as CLAIM_JOBS
+#: would claim it, journalled `picked`: the jobs of a serial chain follow each other without a
+#: claim or a wake-up between them. Its token is the md5 of `claim_seed` and the finished job's
+#: id, which the worker knows (see RECOVER_CLAIMS). `handed`: each, as CLAIM_JOBS returns a
+#: job, after the finished job's id (`after`).
+_HAND_OFF = """
+, hand_next AS (
+    SELECT n.job_id, n.next_id, n.parked,
+           NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
+                               WHERE p.queue = n.next_queue
+                                 AND (p.paused OR p.max_running IS NOT NULL
+                                      OR p.max_running_per_partition IS NOT NULL
+                                      OR p.max_per_second IS NOT NULL))) AS open
+    FROM next_up n
+    WHERE n.handing AND n.next_queue = n.queue
+), hand_put_back AS (
+    UPDATE dl_jobs q SET parked = NULL
+    FROM hand_next n
+    WHERE q.job_id = n.next_id AND NOT n.open AND n.parked IS NOT NULL
+      AND q.status::text = 'queued'
 ), handed AS (
-    -- or, when it is of the same queue and the worker writing the end keeps a slot for it
-    -- (`hand_off`), it is claimed for that worker here, as CLAIM_JOBS would claim it: the jobs
-    -- of a serial chain follow each other without a claim or a wake-up between them
     UPDATE dl_jobs q
     SET status = 'running',
         parked = NULL,
@@ -931,9 +1012,8 @@ WITH u AS (
         worker_id = :actor,
         lease_expires_at = now() + make_interval(secs => q.lease_ttl_sec),
         heartbeat_at = now()
-    FROM next_up n
-    WHERE q.job_id = n.next_id AND n.handed_off AND q.status::text = 'queued'
-      AND q.job_id NOT IN (SELECT job_id FROM upd)
+    FROM hand_next n
+    WHERE q.job_id = n.next_id AND n.open AND q.status::text = 'queued'
     RETURNING n.job_id AS after, q.job_id, q.queue, q.task, q.args, q.lock_key,
               hashtext(q.lock_key) AS lock_hash, q.partition_key, q.priority, q.attempt,
               q.max_attempts, q.lease_ttl_sec, q.cancel_requested, q.claim_seq, q.claim_token,
@@ -942,24 +1022,82 @@ WITH u AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, 'picked', jsonb_build_object('attempt', attempt, 'worker', :actor::text)
     FROM handed
-), woken AS (
-    SELECT n.job_id,
-           dl_lock_waiter_found(u.job_id, u.lock_key,
-                                CASE WHEN :wakes_own_queue THEN u.queue END,
-                                n.next_id, n.queue, n.lock_key) AS collision
-    FROM next_up n JOIN upd u ON u.job_id = n.job_id
-    WHERE n.expect_status = 'running'
-), room_freed AS (
-    -- a job leaving `running` in a queue whose running jobs are limited makes room: the
-    -- workers of every replica that serve it claim again (their claims held jobs back and
-    -- wait for this, not for their poll)
-    SELECT pg_notify('dl_jobs', f.queue)
-    FROM (SELECT DISTINCT u.queue FROM upd u
-          WHERE u.expect_status = 'running' AND u.status::text <> 'running') AS f
-    WHERE EXISTS (SELECT 1 FROM dl_queues p
-                  WHERE p.queue = f.queue AND (p.max_running IS NOT NULL
-                                               OR p.max_running_per_partition IS NOT NULL))
+)"""
+
+#: Wake the next job of each lock_key freed by jobs SET_JOB_STATES just wrote (`job_ids`, with
+#: their `lock_keys`, `queues`, `left_running` and `handing`; `written_ids`: every job it
+#: wrote): see _WAKE. Run after it in the same transaction (its rows stay locked: a claim still
+#: sees them running, and PARK_JOBS cannot share-lock them), and before HAND_OFF_NEXT.
+WAKE_LOCK_WAITERS: Final = Statement(
+    "".join(
+        (
+            """
+WITH freed AS (
+    SELECT * FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[],
+                         :left_running::bool[], :handing::bool[])
+                  AS f(job_id, lock_key, queue, left_running, handing)
+), written AS (
+    SELECT unnest(:written_ids::uuid[]) AS job_id
+)""",
+            _NEXT_UP,
+            _WAKE,
+            """
+SELECT job_id, collision FROM woken
+""",
+        )
+    )
 )
+
+#: Hand off the next job of each lock_key freed by the jobs named (`job_ids`, with their
+#: `lock_keys` and `queues`: jobs SET_JOB_STATES just moved from `running` to another status,
+#: for a worker that keeps a slot for that next job; `written_ids`: every job it wrote): see
+#: _HAND_OFF. Run after WAKE_LOCK_WAITERS in the same transaction.
+HAND_OFF_NEXT: Final = Statement(
+    "".join(
+        (
+            """
+WITH freed AS (
+    SELECT f.*, true AS left_running, true AS handing
+    FROM unnest(:job_ids::uuid[], :lock_keys::text[], :queues::text[])
+         AS f(job_id, lock_key, queue)
+), written AS (
+    SELECT unnest(:written_ids::uuid[]) AS job_id
+)""",
+            _NEXT_UP,
+            _HAND_OFF,
+            """
+SELECT h.after, (to_jsonb(h) - 'after')::text AS handed FROM handed h
+""",
+        )
+    )
+)
+
+#: SET_JOB_STATES, WAKE_LOCK_WAITERS and HAND_OFF_NEXT in one statement (one round trip, the
+#: worker's finish): the jobs named in `hand_off` are `handing`. Each job comes back as from
+#: SET_JOB_STATES (`written`, `changed`, `busy`), a written one with whether its next job
+#: collided (`collision`) and the job handed to the caller (`handed`, JSON). Every part reads
+#: the database as it was when the statement started: the next jobs they find are the same,
+#: and the rows they write are not (WAKE's put back spares the job HAND_OFF is to take).
+FINISH_JOBS: Final = Statement(
+    "".join(
+        (
+            _SET_STATES,
+            """
+, freed AS (
+    -- a job leaving `running`, or a queued job ending (it may have been the one its key's
+    -- parked jobs waited behind)
+    SELECT u.job_id, u.lock_key, u.queue, u.expect_status = 'running' AS left_running,
+           u.expect_status = 'running' AND u.status::text <> 'running'
+               AND u.job_id = ANY(:hand_off::uuid[]) AS handing
+    FROM upd u
+    WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
+), written AS (
+    SELECT job_id FROM upd
+)""",
+            _NEXT_UP,
+            _WAKE,
+            _HAND_OFF,
+            """
 SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
        NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested,
@@ -974,7 +1112,10 @@ FROM mine m WHERE NOT m.fenced
 UNION ALL
 SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
-""")
+""",
+        )
+    )
+)
 
 # --- reaper --------------------------------------------------------------------------------
 
@@ -1410,9 +1551,9 @@ MIGRATION_UNLOCK: Final = "SELECT pg_advisory_unlock(1684828011, 1)"
 # --- listening for ended jobs --------------------------------------------------------------
 
 #: Held, shared, by every session that LISTENs on `dl_job_finished` (a client's waits), from
-#: before its LISTEN until after its UNLISTEN: APPLY_TRANSITIONS announces ended jobs only
+#: before its LISTEN until after its UNLISTEN: SET_JOB_STATES announces ended jobs only
 #: while someone holds it (its exclusive try fails). Same key space as MIGRATION_LOCK.
-#: Where APPLY_TRANSITIONS announces ended jobs (their ids, comma-separated).
+#: Where SET_JOB_STATES announces ended jobs (their ids, comma-separated).
 FINISHED_CHANNEL: Final = "dl_job_finished"
 
 LISTENER_LOCK: Final = "SELECT pg_advisory_lock_shared(1684828011, 2)"

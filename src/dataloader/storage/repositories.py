@@ -16,8 +16,7 @@ import json
 import re
 import struct
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -39,9 +38,20 @@ from dataloader.core.models import (
 from dataloader.core.transitions import JobFacts, Request, Transition
 from dataloader.exceptions import IdempotencyConflict, JobNotFound, NotRetryable
 from dataloader.storage import queries
-from dataloader.storage.connections import Connections
+from dataloader.storage.connections import Connections, atomic
 from dataloader.storage.db import AnyConnection, Connection
-from dataloader.storage.transitions import Fence, apply_transitions, facts_of
+from dataloader.storage.transitions import (
+    Applied,
+    D,
+    Fence,
+    Reread,
+    Settled,
+    Write,
+    WrittenDecision,
+    apply_transitions,
+    facts_of,
+    settle,
+)
 
 #: Tries of a cancel, retry or re-run whose job changes under it (a worker finishing it now).
 MAX_DECISIONS: Final = 20
@@ -202,19 +212,26 @@ class JobRepository:
         meanwhile (a worker finishing it now). Whether something was written (`rule` may
         decide nothing); JobNotFound if there is no such job."""
         async with self.connections.connection() as conn:
-            for _ in range(MAX_DECISIONS):
-                row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=job_id))
-                if row is None:
-                    raise JobNotFound(f"job {job_id} not found")
-                facts = facts_of(row)
-                decision = rule(facts)
-                if decision is None:
-                    return False
-                if await _write(conn, job_id, facts, decision, self.actor):
-                    if self.written is not None and isinstance(decision, Transition):
-                        self.written(row["queue"], row["task"], decision.journal)
-                    return True
-        raise RuntimeError(f"job {job_id} kept changing; gave up after {MAX_DECISIONS} tries")
+            rows: dict[uuid.UUID, Record] = {}
+            read = _reader(conn, rows)
+            facts = await read([job_id])
+            if job_id not in facts:
+                raise JobNotFound(f"job {job_id} not found")
+            settled = await settle(
+                [Fence(job_id, facts[job_id])],
+                lambda fence: rule(fence.facts),
+                _client_writer(conn, self.actor),
+                rounds=MAX_DECISIONS,
+                reread=read,
+            )
+        written = _settled_one(job_id, settled)
+        if written is None:
+            return False
+        decision = written.decision
+        if self.written is not None and isinstance(decision, Transition):
+            row = rows[job_id]
+            self.written(row["queue"], row["task"], decision.journal)
+        return True
 
 
 def _retry_if_retryable(facts: JobFacts) -> Transition | None:
@@ -225,37 +242,73 @@ def _retry_if_retryable(facts: JobFacts) -> Transition | None:
         return None
 
 
-async def _write(
-    conn: AnyConnection,
-    job_id: uuid.UUID,
-    facts: JobFacts,
-    decision: Transition | Request,
-    actor: str,
-) -> bool:
-    """Write a client's decision fenced on `facts`; False when the job changed meanwhile."""
-    if isinstance(decision, Request):
-        row = await conn.fetchrow(
-            *queries.REQUEST_ON_JOB.bind(
-                job_id=job_id,
-                expect_status=facts.status.value,
-                expect_attempt=facts.attempt,
-                expect_cancel=facts.cancel_requested,
-                expect_rerun=facts.rerun_requested,
-                cancel=decision.cancel,
-                rerun=decision.rerun,
-                args=decision.args_json,
-                journal=decision.journal,
-                actor=actor,
-            )
+def _reader(conn: AnyConnection, rows: dict[uuid.UUID, Record]) -> Reread:
+    """`settle`'s reread for a client: the jobs' facts now (JOB_FACTS), their rows kept in
+    `rows`."""
+
+    async def read(job_ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, JobFacts]:
+        facts = {}
+        for job_id in job_ids:
+            row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=job_id))
+            if row is not None:
+                rows[job_id] = row
+                facts[job_id] = facts_of(row)
+        return facts
+
+    return read
+
+
+def _client_writer(conn: AnyConnection, actor: str) -> Write[Transition | Request]:
+    """`settle`'s write for a client's decisions: a transition by `apply_transitions`, a
+    request (a running job asked to stop or run again) by REQUEST_ON_JOB, each fenced on the
+    facts it was decided on. A request not written comes back `changed` (to be read again)."""
+
+    async def write(
+        items: builtins.list[tuple[Fence, Transition | Request]],
+    ) -> dict[uuid.UUID, Applied]:
+        transitions = [(f, d) for f, d in items if isinstance(d, Transition)]
+        applied = await apply_transitions(conn.fetch, transitions, actor_role="by", actor=actor)
+        for fence, decision in items:
+            if isinstance(decision, Request):
+                written = await _request(conn, fence, decision, actor)
+                applied[fence.job_id] = Applied("written" if written else "changed")
+        if any(a.state == "busy" for a in applied.values()):
+            await asyncio.sleep(BUSY_PAUSE_SEC)  # a claim or an outcome holds the row: briefly
+        return applied
+
+    return write
+
+
+async def _request(conn: AnyConnection, fence: Fence, request: Request, actor: str) -> bool:
+    """Write a client's request fenced on `fence.facts`; False when the job changed meanwhile."""
+    facts = fence.facts
+    row = await conn.fetchrow(
+        *queries.REQUEST_ON_JOB.bind(
+            job_id=fence.job_id,
+            expect_status=facts.status.value,
+            expect_attempt=facts.attempt,
+            expect_cancel=facts.cancel_requested,
+            expect_rerun=facts.rerun_requested,
+            cancel=request.cancel,
+            rerun=request.rerun,
+            args=request.args_json,
+            journal=request.journal,
+            actor=actor,
         )
-        return bool(row is not None and row["written"])
-    applied = await apply_transitions(
-        conn.fetch, [(Fence(job_id, facts), decision)], actor_role="by", actor=actor
     )
-    found = applied.get(job_id)
-    if found is not None and found.state == "busy":
-        await asyncio.sleep(BUSY_PAUSE_SEC)  # a claim or an outcome holds the row: briefly
-    return found is not None and found.state == "written"
+    return bool(row is not None and row["written"])
+
+
+def _settled_one(job_id: uuid.UUID, settled: Settled[D]) -> WrittenDecision[D] | None:
+    """The decision `settle` wrote for the one job a client settles, or None when its rule
+    decided nothing; JobNotFound when the job is gone, RuntimeError when it kept changing."""
+    if job_id in settled.written:
+        return settled.written[job_id]
+    if job_id in settled.undecided:
+        return None
+    if job_id in settled.gone:
+        raise JobNotFound(f"job {job_id} not found")
+    raise RuntimeError(f"job {job_id} kept changing; gave up after {MAX_DECISIONS} tries")
 
 
 #: What asyncpg calls with a notification: connection, sender's pid, channel, payload.
@@ -327,7 +380,7 @@ async def enqueue_many(
     if not jobs:
         return []
     ids = [uuid.uuid4() for _ in jobs]
-    async with _atomic(conn):
+    async with atomic(conn):
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
@@ -342,25 +395,6 @@ async def enqueue_many(
         else existing[job.idempotency_key]  # type: ignore[index]  # only keyed jobs are skipped
         for job, job_id in zip(jobs, ids, strict=True)
     ]
-
-
-@asynccontextmanager
-async def _atomic(conn: AnyConnection) -> AsyncIterator[None]:
-    """A transaction, or a savepoint when `conn` is in the caller's transaction."""
-    if not conn.is_in_transaction():
-        async with conn.transaction():
-            yield
-        return
-    # SQL savepoints rather than asyncpg's nested transaction, which refuses a transaction
-    # begun by a plain BEGIN
-    await conn.execute(queries.SAVEPOINT)
-    try:
-        yield
-    except BaseException:
-        if not conn.is_closed():
-            await conn.execute(queries.ROLLBACK_TO_SAVEPOINT)
-        raise
-    await conn.execute(queries.RELEASE_SAVEPOINT)
 
 
 async def _holders(
@@ -393,15 +427,17 @@ async def _rerun(
     conn: AnyConnection, job_id: uuid.UUID, facts: JobFacts, args_json: str, actor: str
 ) -> JobStatus:
     """Ask the job to run again with `args_json`; its status after that."""
-    for _ in range(MAX_DECISIONS):
-        decision = decide.on_rerun(facts, args_json)
-        if await _write(conn, job_id, facts, decision, actor):
-            return decision.status if isinstance(decision, Transition) else facts.status
-        row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=job_id))
-        if row is None:
-            raise JobNotFound(f"job {job_id} not found")
-        facts = facts_of(row)
-    raise RuntimeError(f"job {job_id} kept changing; gave up after {MAX_DECISIONS} tries")
+    settled = await settle(
+        [Fence(job_id, facts)],
+        lambda fence: decide.on_rerun(fence.facts, args_json),
+        _client_writer(conn, actor),
+        rounds=MAX_DECISIONS,
+        reread=_reader(conn, {}),
+    )
+    written = _settled_one(job_id, settled)
+    assert written is not None  # on_rerun always decides
+    decision = written.decision
+    return decision.status if isinstance(decision, Transition) else written.fence.facts.status
 
 
 #: Fields of a job sent as they are, by INSERT_JOB's parameter names (args is sent as text).

@@ -3,7 +3,7 @@
 Every outcome (success, failure, cancel, hand-back, backoff) joins one queue, and one writer
 task writes them: each flush decides every outcome it holds (`core.transitions.after_attempt`,
 with the task's retry policy) and writes them all in one fenced statement
-(`storage.transitions`). A job's slot is free as soon as its outcome is queued. The writer
+(`storage.transitions.settle`). A job's slot is free as soon as its outcome is queued. The writer
 starts as soon as something is queued and flushes again as soon as it is done, so an idle
 worker adds no delay and a busy one writes many jobs per commit while its slots already run the
 next jobs.
@@ -34,8 +34,10 @@ claimable until the status write, and then finds the key free (no needless backo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -47,6 +49,7 @@ from dataloader.core.transitions import Ended, JobFacts, Outcome, Transition, af
 from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimAnswerLost, ClaimedJob
+from dataloader.storage.transitions import Applied, Fence, settle
 from dataloader.workers.pipelines.registry import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
@@ -230,16 +233,25 @@ class Completer:
 
     async def _write_rounds(self, todo: list[_Pending]) -> list[_Pending]:
         """Write `todo` in one statement, deciding again at once (up to MAX_REDECISIONS times)
-        those whose job changed meanwhile; returns those left for the next pass (rows held
-        elsewhere, jobs that kept changing)."""
+        those whose job changed meanwhile (`storage.transitions.settle`); returns those left
+        for the next pass (rows held elsewhere, jobs that kept changing)."""
         todo = await self._find_holders(todo)
-        busy: list[_Pending] = []
-        for _ in range(MAX_REDECISIONS):
-            if not todo:
-                break
-            todo, held = await self._write_decided(todo)
-            busy += held
-        return busy + todo
+        if not todo:
+            return []
+        pending = {p.running.job.job_id: p for p in todo}
+        settled = await settle(
+            [Fence(job_id, p.facts, p.running.job.claim_token) for job_id, p in pending.items()],
+            lambda fence: self._decide(pending[fence.job_id], fence.facts),
+            functools.partial(self._write_decided, pending),
+            rounds=MAX_REDECISIONS,
+        )
+        self.busy_writes += len(settled.busy)
+        again = []
+        for job_id, fence in (settled.busy | settled.changing).items():
+            p = pending[job_id]
+            p.facts = fence.facts
+            again.append(p)
+        return again
 
     async def _find_holders(self, batch: list[_Pending]) -> list[_Pending]:
         """Backoffs depend on who holds the lock_key: ask (a job no longer ours is done)."""
@@ -258,19 +270,22 @@ class Completer:
         """Whether the outcome is still to be written (not written, not given up)."""
         return self._rt.running.get(pending.running.job.job_id) is pending.running
 
-    async def _write_decided(self, todo: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
-        """Decide each outcome on its facts and write them all; returns the outcomes of jobs
-        that changed (with the row's facts now, to decide again) and those of busy rows."""
-        decided = [(p, self._decide(p)) for p in todo]
-        kept = self._keep_slots(todo)
+    async def _write_decided(
+        self, pending: dict[uuid.UUID, _Pending], items: list[tuple[Fence, Transition]]
+    ) -> dict[uuid.UUID, Applied]:
+        """Write decided outcomes (one round of `settle`), handing the next job of a freed
+        lock_key to a slot kept for it. What this round wrote, or found no longer ours, is
+        accounted for at once: a later round that fails must not lose it."""
+        decided = [(pending[fence.job_id], fence.facts, t) for fence, t in items]
+        kept = self._keep_slots([p for p, _, _ in decided])
         try:
             applied = await self._rt.protocol.finish(
-                [(p.running.job, p.facts, t) for p, t in decided],
+                [(p.running.job, facts, t) for p, facts, t in decided],
                 self._rt.worker_id,
                 hand_off=[p.running.job.job_id for p in kept],
                 stages={
                     p.running.job.job_id: p.running.stages
-                    for p, t in decided
+                    for p, _, t in decided
                     if p.running.stages and t.status is JobStatus.SUCCEEDED
                 },
             )
@@ -283,9 +298,7 @@ class Completer:
             for p in kept:  # no await from here until the handed jobs have slots of their own
                 assert self._slots is not None
                 self._slots.release_slot(p.running.job.queue)
-        changed: list[_Pending] = []
-        busy: list[_Pending] = []
-        for p, transition in decided:
+        for p, _, transition in decided:
             found = applied.get(p.running.job.job_id)
             if found is None:
                 self._written(p, None)
@@ -296,13 +309,7 @@ class Completer:
                     self._slots.take_handed(handed)
                     p.quiet = transition.finished
                 self._written(p, transition, found.collision)
-            elif found.state == "changed" and found.facts is not None:
-                p.facts = found.facts
-                changed.append(p)
-            else:
-                busy.append(p)
-        self.busy_writes += len(busy)
-        return changed, busy
+        return applied
 
     def _keep_slots(self, todo: list[_Pending]) -> list[_Pending]:
         """The outcomes that may hand this worker the next job of their lock_key: a slot of
@@ -315,9 +322,9 @@ class Completer:
             if p.outcome.ended in HANDS_OFF and self._slots.keep_slot(p.running.job.queue)
         ]
 
-    def _decide(self, pending: _Pending) -> Transition:
+    def _decide(self, pending: _Pending, facts: JobFacts) -> Transition:
         task = self._rt.registry.get(pending.running.job.task)
-        return decide(pending.outcome, pending.facts, task, self._default_retry)
+        return decide(pending.outcome, facts, task, self._default_retry)
 
     async def _unlock(self, batch: list[_Pending]) -> None:
         """Release the advisory locks of jobs not yet unlocked, in one round trip. A failure

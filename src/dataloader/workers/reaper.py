@@ -6,10 +6,10 @@ the next attempt resumes from it. The reaper also puts back jobs parked behind a
 nobody holds.
 
 A pass reads the expired jobs with their facts, decides each, and writes the transitions in one
-statement, each fenced on the claim it read and on a lease still expired or an owner still gone:
-a heartbeat or a presence refresh that got through meanwhile keeps its job, and of two replicas'
-reapers only one writes a job's fate. A job whose flags changed in between (a cancel requested)
-is read and decided again.
+statement (`storage.transitions.settle`), each fenced on the claim it read and on a lease still
+expired or an owner still gone: a heartbeat or a presence refresh that got through meanwhile
+keeps its job, and of two replicas' reapers only one writes a job's fate. A job whose flags
+changed in between (a cancel requested) is decided again on its facts now.
 
 The next pass comes every DL_REAPER_PERIOD_SEC (at least every three presence periods), or
 sooner, when a running job's lease runs out or its owner turns gone unless it refreshes its
@@ -25,6 +25,7 @@ from collections import Counter
 from dataloader import metrics
 from dataloader.core.transitions import on_expired
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.storage.transitions import settle
 from dataloader.workers.fencing import GONE_AFTER_PERIODS
 from dataloader.workers.waiting import jittered
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Jobs per statement; a pass repeats until fewer come back.
 BATCH = 500
+#: Decisions of one expired job whose row changes under them, per statement of a pass.
+MAX_DECISIONS = 3
 #: A pass due when a job becomes reapable comes this long after, so that the database's clock
 #: has passed that moment too.
 DUE_MARGIN_SEC = 0.1
@@ -79,20 +82,23 @@ class Reaper:
         totals: dict[str, int] = {}
         while True:
             expired = await self._protocol.expired(BATCH)
-            decided = [(job, on_expired(job.facts)) for job in expired]
-            applied = await self._protocol.reap(decided, self._id)
-            written = 0
-            for job, transition in decided:
-                if job.job_id in applied and applied[job.job_id].state == "written":
-                    written += 1
-                    self._ended[job.queue, transition.journal] += 1
-                    metrics.count_ended(job.queue, job.task, transition.journal)
-                    status = transition.status.value
-                    totals[status] = totals.get(status, 0) + 1
-                    log.warning("lease expired: job %s is now %s", job.job_id, status)
-            # a job that changed under us (a cancel requested meanwhile) is decided again
-            changed = any(a.state == "changed" for a in applied.values())
-            if not changed and (len(expired) < BATCH or not written):
+            # a job that changes under us (a cancel requested meanwhile) is decided again
+            settled = await settle(
+                [job.fence for job in expired],
+                lambda fence: on_expired(fence.facts),
+                self._protocol.reaper_writer(self._id),
+                rounds=MAX_DECISIONS,
+            )
+            for job in expired:
+                if job.job_id not in settled.written:
+                    continue
+                transition = settled.written[job.job_id].decision
+                self._ended[job.queue, transition.journal] += 1
+                metrics.count_ended(job.queue, job.task, transition.journal)
+                status = transition.status.value
+                totals[status] = totals.get(status, 0) + 1
+                log.warning("lease expired: job %s is now %s", job.job_id, status)
+            if not settled.changing and (len(expired) < BATCH or not settled.written):
                 return totals
 
 
