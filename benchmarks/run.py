@@ -1217,7 +1217,7 @@ INSERT INTO dl_jobs (job_id, queue, task, args, lock_key, priority, available_at
                      parked)
 SELECT timer_task, 'processes', 'process:bench',
        jsonb_build_object('process_ref', process_ref, 'process_id', process_id,
-                          'kind', 'timeout', 'args', null),
+                          'kind', 'timeout', 'args', null, 'timer', true),
        'process:' || jsonb_build_array('bench', process_id)::text, 101, $2, 2, 'delayed'
 FROM procs
 """

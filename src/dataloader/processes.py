@@ -165,7 +165,7 @@ class Processes:
         it; its id, to pass to `response`. Refusals raise before anything is written."""
         started = time.perf_counter()
         kind = TaskKind(kind)
-        if kind.timer and kind is not TaskKind.REMOVE:
+        if kind is TaskKind.TIMEOUT:
             raise ValueError("a timeout task is set by the processor, not submitted")
         namespace = _checked("namespace", check_namespace, namespace)
         process_id = _checked("process_id", check_process_id, process_id)
@@ -206,7 +206,7 @@ class Processes:
                 args=TaskArgs(facts.process_ref, process_id, kind, args).as_job_args(),
                 queue=facts.queue,
                 idempotency_key=key,
-                priority=priority_of(kind, priority),
+                priority=priority_of(False, priority),
                 max_attempts=definition.max_attempts if definition else ZOMBIE_ATTEMPT,
             )
             result = await enqueue(conn, job, actor=self._client.actor)

@@ -178,7 +178,7 @@ class ProcessHarness:
             fired.append((pid, timer.kind))
             # a failure leaves the process in error, as a worker would leave it
             with contextlib.suppress(ProcessTaskFailed):
-                await self._run(live, timer.kind, None, timer.task_id)
+                await self._run(live, timer.kind, None, timer.task_id, timer=True)
         self.now = until
         return fired
 
@@ -210,7 +210,13 @@ class ProcessHarness:
         return await self._run(live, kind, args)
 
     async def _run(
-        self, live: _Live, kind: TaskKind, args: Any, task_id: uuid.UUID | None = None
+        self,
+        live: _Live,
+        kind: TaskKind,
+        args: Any,
+        task_id: uuid.UUID | None = None,
+        *,
+        timer: bool = False,
     ) -> Any:
         task_id = task_id or uuid.uuid4()
         pid = live.process.process_id
@@ -218,7 +224,7 @@ class ProcessHarness:
         namespace = self._task.process
         assert namespace is not None
         facts = live.facts()
-        task = TaskArgs(live.ref, pid, kind, args)
+        task = TaskArgs(live.ref, pid, kind, args, timer)
         before = before_step(facts, task, task_id, 1, idempotent=namespace.idempotent)
         if before is not Before.RUN:  # only a stale timer can get here: nothing happens
             return None

@@ -52,8 +52,10 @@ def in_error(timer: uuid.UUID | None = None) -> ProcessFacts:
     return ProcessFacts(7, ProcessStatus.ERROR, timer_task=timer)
 
 
-def args(kind: TaskKind, ref: int = 7) -> TaskArgs:
-    return TaskArgs(ref, "order-1", kind, {"x": 1} if kind.external else None)
+def args(kind: TaskKind, ref: int = 7, timer: bool | None = None) -> TaskArgs:
+    if timer is None:
+        timer = kind is TaskKind.TIMEOUT
+    return TaskArgs(ref, "order-1", kind, None if timer else {"x": 1}, timer)
 
 
 # admission ---------------------------------------------------------------------------------
@@ -105,13 +107,15 @@ def test_a_task_of_a_removed_process_or_of_another_incarnation_is_gone() -> None
 def test_a_timer_that_is_no_longer_pending_never_fires() -> None:
     other = uuid.uuid4()
     for kind in (TaskKind.TIMEOUT, TaskKind.REMOVE):
-        assert before_step(running(other), args(kind), TIMER, 1, idempotent=True) is (
-            Before.STALE_TIMER
-        )
-        assert before_step(running(None), args(kind), TIMER, 1, idempotent=True) is (
-            Before.STALE_TIMER
-        )
-        assert before_step(running(TIMER), args(kind), TIMER, 1, idempotent=True) is Before.RUN
+        timer = args(kind, timer=True)
+        assert before_step(running(other), timer, TIMER, 1, idempotent=True) is (Before.STALE_TIMER)
+        assert before_step(running(None), timer, TIMER, 1, idempotent=True) is Before.STALE_TIMER
+        assert before_step(running(TIMER), timer, TIMER, 1, idempotent=True) is Before.RUN
+
+
+def test_a_callers_removal_is_no_timer_and_runs_whatever_the_timer() -> None:
+    removal = args(TaskKind.REMOVE, timer=False)
+    assert before_step(running(TIMER), removal, TASK, 1, idempotent=False) is Before.RUN
 
 
 def test_only_a_repair_runs_on_a_process_in_error() -> None:
@@ -297,14 +301,14 @@ def test_idempotency_keys_are_bounded_and_belong_to_one_incarnation() -> None:
 
 
 def test_job_args_carry_the_task_and_refuse_anything_else() -> None:
-    task = TaskArgs(7, "p", TaskKind.CALL, [1, 2])
+    task = TaskArgs(7, "p", TaskKind.TIMEOUT, [1, 2], timer=True)
     assert TaskArgs.of_job(task.as_job_args()) == task
     with pytest.raises(ValueError, match="not the args of a process task"):
         TaskArgs.of_job({"process_ref": 7, "kind": "dance", "process_id": "p"})
 
 
 def test_timers_are_claimed_after_external_tasks() -> None:
-    assert priority_of(TaskKind.TIMEOUT, 100) > priority_of(TaskKind.CALL, 100) == 100
+    assert priority_of(True, 100) > priority_of(False, 100) == 100
 
 
 def test_a_process_id_is_bounded_in_characters() -> None:

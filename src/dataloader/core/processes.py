@@ -67,26 +67,15 @@ class ProcessStatus(StrEnum):
 
 
 class TaskKind(StrEnum):
-    """What a task of a process is."""
+    """What a task of a process is: `init`, `call`, `repair` and `remove` come from callers
+    (who wait for the end, and the response of the first three); `timeout` and `remove` are
+    the timers a processor sets (`TaskArgs.timer`)."""
 
     INIT = "init"
     CALL = "call"
     REPAIR = "repair"
     TIMEOUT = "timeout"
     REMOVE = "remove"
-
-    @property
-    def external(self) -> bool:
-        """Sent by a caller who waits for the processor's response."""
-        return self in EXTERNAL_KINDS
-
-    @property
-    def timer(self) -> bool:
-        return self in TIMER_KINDS
-
-
-EXTERNAL_KINDS: Final = frozenset({TaskKind.INIT, TaskKind.CALL, TaskKind.REPAIR})
-TIMER_KINDS: Final = frozenset({TaskKind.TIMEOUT, TaskKind.REMOVE})
 
 
 class Keep(Enum):
@@ -274,6 +263,8 @@ class TaskArgs:
     process_id: str
     kind: TaskKind
     args: Any = None
+    #: A timer the processor set (a `timeout`, or a `remove` at a time), not a caller's task.
+    timer: bool = False
 
     def as_job_args(self) -> dict[str, Any]:
         return {
@@ -281,6 +272,7 @@ class TaskArgs:
             "process_id": self.process_id,
             "kind": self.kind.value,
             "args": self.args,
+            "timer": self.timer,
         }
 
     @classmethod
@@ -292,14 +284,16 @@ class TaskArgs:
                 str(args["process_id"]),
                 TaskKind(args["kind"]),
                 args.get("args"),
+                bool(args.get("timer", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not the args of a process task: {exc}") from None
 
 
-def priority_of(kind: TaskKind, priority: int) -> int:
-    """The job priority of a task of a namespace whose tasks have `priority`."""
-    return priority + TIMER_PRIORITY_STEP if kind.timer else priority
+def priority_of(timer: bool, priority: int) -> int:
+    """The job priority of a task (a timer, or a caller's) of a namespace whose tasks have
+    `priority`."""
+    return priority + TIMER_PRIORITY_STEP if timer else priority
 
 
 # admission: what a caller's request gets ------------------------------------------------------
@@ -385,7 +379,7 @@ def before_step(
     effect, and goes to `error` rather than run the step twice."""
     if process is None or process.process_ref != task.process_ref:
         return Before.GONE
-    if task.kind.timer and process.timer_task != task_id:
+    if task.timer and process.timer_task != task_id:
         return Before.STALE_TIMER
     if process.status is ProcessStatus.ERROR and task.kind is not TaskKind.REPAIR:
         return Before.IN_ERROR
@@ -452,10 +446,10 @@ def after_step(
     if result.metadata is not KEEP:
         metadata = _metadata_json(result.metadata, max_bytes)
     detail = result.detail if isinstance(result.detail, Keep) else _detail(result.detail)
-    response = _json(result.response, max_bytes, "response") if task.kind.external else None
+    response = None if task.timer else _json(result.response, max_bytes, "response")
     pending = process.timer_task
     # a timer that fires is no longer pending; the step may set the next one
-    fired = task.kind.timer and pending == task_id
+    fired = task.timer and pending == task_id
     still_pending = None if fired else pending
     action = result.action
     status = ProcessStatus.RUNNING

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,9 +30,12 @@ from dataloader.core.processes import (
     TaskKind,
     Timer,
 )
+from dataloader.core.transitions import Transition, on_cancel
+from dataloader.storage import transitions
 from dataloader.storage.db import AnyConnection
 from dataloader.storage.repositories import enqueue
 from dataloader.storage.statement import Statement
+from dataloader.storage.transitions import Fence, release_keys, set_states
 
 # --- statements ------------------------------------------------------------------------------
 
@@ -92,32 +94,36 @@ ORDER BY e.event_id
 SAVE_PROCESS: Final = Statement("""
 WITH upd AS (
     UPDATE dl_processes SET
-        status = COALESCE(:status, status),
-        detail = CASE WHEN :set_detail THEN :detail ELSE detail END,
-        aux_state = CASE WHEN :set_aux_state THEN :aux_state::text::jsonb ELSE aux_state END,
-        metadata = CASE WHEN :set_metadata THEN :metadata::text::jsonb ELSE metadata END,
-        corrupted_by = CASE WHEN :set_corrupted_by THEN :corrupted_by ELSE corrupted_by END,
+        status = COALESCE(:status::text, status),
+        detail = CASE WHEN :set_detail::boolean THEN :detail::text ELSE detail END,
+        aux_state = CASE WHEN :set_aux_state::boolean THEN :aux_state::text::jsonb
+                         ELSE aux_state END,
+        metadata = CASE WHEN :set_metadata::boolean THEN :metadata::text::jsonb
+                        ELSE metadata END,
+        corrupted_by = CASE WHEN :set_corrupted_by::boolean THEN :corrupted_by::uuid
+                            ELSE corrupted_by END,
         last_event_id = last_event_id + cardinality(:payloads::text[]),
-        timer_task = CASE WHEN :new_timer IS NOT NULL THEN :new_timer
-                          WHEN :clear_timer THEN NULL ELSE timer_task END,
-        timer_kind = CASE WHEN :new_timer IS NOT NULL THEN :timer_kind
-                          WHEN :clear_timer THEN NULL ELSE timer_kind END,
-        timer_at = CASE WHEN :new_timer IS NOT NULL
-                             THEN (SELECT available_at FROM dl_jobs WHERE job_id = :new_timer)
-                        WHEN :clear_timer THEN NULL ELSE timer_at END,
-        removed_at = CASE WHEN :removed THEN now() END,
+        timer_task = CASE WHEN :new_timer::uuid IS NOT NULL THEN :new_timer::uuid
+                          WHEN :clear_timer::boolean THEN NULL ELSE timer_task END,
+        timer_kind = CASE WHEN :new_timer::uuid IS NOT NULL THEN :timer_kind::text
+                          WHEN :clear_timer::boolean THEN NULL ELSE timer_kind END,
+        timer_at = CASE WHEN :new_timer::uuid IS NOT NULL
+                             THEN (SELECT available_at FROM dl_jobs WHERE job_id = :new_timer::uuid)
+                        WHEN :clear_timer::boolean THEN NULL ELSE timer_at END,
+        removed_at = CASE WHEN :removed::boolean THEN now() END,
         updated_at = now()
-    WHERE process_ref = :process_ref AND removed_at IS NULL
+    WHERE process_ref = :process_ref::bigint AND removed_at IS NULL
     RETURNING last_event_id
 ), ev AS (
     INSERT INTO dl_process_events (process_ref, event_id, task_id, payload, metadata)
-    SELECT :process_ref, upd.last_event_id - cardinality(:payloads::text[]) + e.n, :task_id,
-           e.payload::jsonb, e.metadata::jsonb
+    SELECT :process_ref::bigint, upd.last_event_id - cardinality(:payloads::text[]) + e.n,
+           :task_id::uuid, e.payload::jsonb, e.metadata::jsonb
     FROM upd, unnest(:payloads::text[], :event_metadata::text[]) WITH ORDINALITY
          AS e(payload, metadata, n)
 )
 SELECT last_event_id FROM upd
 """)
+
 
 #: Live processes in keyset pages (by `process_ref`, newest first): one statement per filter
 #: given, so that each is planned for its index (ix_dl_processes_list, ix_dl_processes_status).
@@ -224,6 +230,15 @@ FROM (SELECT namespace FROM dl_processes
 GROUP BY namespace ORDER BY namespace
 """)
 
+#: The facts of those of `job_ids` still queued, their rows locked (see `cancel_queued`).
+QUEUED_FACTS: Final = Statement("""
+SELECT job_id, status::text AS status, attempt, max_attempts, handbacks, cancel_requested,
+       rerun_requested
+FROM dl_jobs WHERE job_id = ANY(:job_ids::uuid[]) AND status = 'queued'
+ORDER BY job_id
+FOR UPDATE
+""")
+
 #: Live processes per namespace and status (an index-only scan of ix_dl_processes_list).
 COUNT_PROCESSES: Final = Statement("""
 SELECT namespace, status, count(*) AS n
@@ -264,9 +279,9 @@ class StepSave:
     #: Which progressor stage its write is timed as (`metrics.PROCESS_STAGES`).
     stage: str = "task_completion"
 
-    async def apply(self, conn: AnyConnection, cancel: CancelTasks) -> None:
-        """Write it on `conn`, inside the transaction of the task's end; `cancel` ends queued
-        jobs canceled (with their journal entries, waking whoever waits for them)."""
+    async def apply(self, conn: AnyConnection) -> None:
+        """Write it on `conn`, inside the transaction of the task's end (after the task's
+        state, before the next job of its lock_key is woken or handed off)."""
         started = time.perf_counter()
         write = self.write
         doomed: list[uuid.UUID] = []
@@ -278,7 +293,7 @@ class StepSave:
             doomed = [write.cancel_timer]
         doomed = [job_id for job_id in doomed if job_id != self.task_id]
         if doomed:
-            await cancel(conn, doomed)
+            await cancel_queued(conn, doomed)
         new_timer = None
         if self.timer_job is not None:
             new_timer = (await enqueue(conn, self.timer_job, actor=PROCESS_ACTOR)).job_id
@@ -286,8 +301,22 @@ class StepSave:
         metrics.observe_process_stage(self.stage, self.namespace, time.perf_counter() - started)
 
 
-#: Cancels queued jobs on a connection, in its transaction (see `StepSave.apply`).
-CancelTasks = Callable[[AnyConnection, list[uuid.UUID]], Awaitable[None]]
+async def cancel_queued(conn: AnyConnection, job_ids: list[uuid.UUID]) -> None:
+    """End canceled those of `job_ids` that are still queued, in the caller's transaction
+    (their rows locked first, so the fence holds): a journal entry each, and whoever waits
+    for them woken, as a client's cancel does."""
+    rows = await conn.fetch(*QUEUED_FACTS.bind(job_ids=job_ids))
+    items = []
+    for row in rows:
+        fence = Fence(row["job_id"], transitions.facts_of(row))
+        decided = on_cancel(fence.facts)
+        if isinstance(decided, Transition):
+            items.append((fence, decided))
+    if items:
+        states = await set_states(conn, items, actor_role="by", actor=PROCESS_ACTOR)
+        await release_keys(conn, states, actor=PROCESS_ACTOR)
+
+
 #: Who the journal says enqueued a timer, or canceled a process's tasks (`by`).
 PROCESS_ACTOR: Final = "process"
 

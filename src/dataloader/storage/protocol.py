@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from asyncpg import Record
 
@@ -32,7 +32,13 @@ from dataloader.core.models import NewJob
 from dataloader.core.transitions import JobFacts, Transition
 from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
-from dataloader.storage.db import CONNECTION_ERRORS, DEFAULT_TIMEOUT_SEC, Connection, Pool
+from dataloader.storage.db import (
+    CONNECTION_ERRORS,
+    DEFAULT_TIMEOUT_SEC,
+    AnyConnection,
+    Connection,
+    Pool,
+)
 from dataloader.storage.repositories import enqueue_many
 from dataloader.storage.transitions import (
     Applied,
@@ -171,6 +177,13 @@ class ExpiredJob:
     def fence(self) -> Fence:
         """What the row must still be for the reaper's transition to be written."""
         return Fence(self.job_id, self.facts, self.claim_token, expired=True)
+
+
+class Effect(Protocol):
+    """What an outcome writes besides its job, in the transaction of its write, only if that
+    write passes the job's fence (`Outcome.effects`)."""
+
+    async def apply(self, conn: AnyConnection) -> None: ...
 
 
 class WorkerProtocol:
@@ -403,19 +416,21 @@ class WorkerProtocol:
         worker_id: str,
         hand_off: Sequence[uuid.UUID] = (),
         stages: Mapping[uuid.UUID, Sequence[NewJob]] | None = None,
+        effects: Mapping[uuid.UUID, Effect] | None = None,
     ) -> dict[uuid.UUID, Applied]:
         """Write the decided outcomes of claimed jobs (facts: what each was decided on). The
         next job of a lock_key freed by a job named in `hand_off` is claimed for `worker_id`
         when it is of the same queue: `handed_job` reads it from the finished job's answer.
-        `stages`: the jobs to enqueue with the success of each job named, in the same
-        transaction, if that success is written. When the answer is lost, raises
-        ClaimAnswerLost with the jobs it handed off (the outcomes are to be written again: those
-        written find their job no longer the caller's)."""
+        `stages`: the jobs to enqueue with the success of each job named; `effects`: what
+        else the outcome of each job named writes (`Outcome.effects`: a durable process's
+        save); both in the same transaction, if that job's outcome is written. When the
+        answer is lost, raises ClaimAnswerLost with the jobs it handed off (the outcomes are to
+        be written again: those written find their job no longer the caller's)."""
         items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
         tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
 
         async def write() -> dict[uuid.UUID, Applied]:
-            if not stages:  # one statement, one round trip
+            if not stages and not effects:  # one statement, one round trip
                 return await apply_transitions(
                     self.db.fetch,
                     items,
@@ -427,14 +442,18 @@ class WorkerProtocol:
                 )
             async with self.db.transaction() as conn:
                 states = await set_states(conn, items, actor_role="worker", actor=worker_id)
-                written = [
+                written = set(states.written)
+                enqueued = [
                     job
-                    for job_id, jobs in stages.items()
-                    if job_id in states.applied and states.applied[job_id].state == "written"
+                    for job_id, jobs in (stages or {}).items()
+                    if job_id in written
                     for job in jobs
                 ]
-                if written:
-                    await enqueue_many(conn, written, actor=worker_id)
+                if enqueued:
+                    await enqueue_many(conn, enqueued, actor=worker_id)
+                for job_id, effect in (effects or {}).items():
+                    if job_id in written:
+                        await effect.apply(conn)
                 return await release_keys(
                     conn,
                     states,

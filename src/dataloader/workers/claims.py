@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Final
 
 from dataloader import metrics
-from dataloader.core.processes import TIMER_KINDS, namespace_of
+from dataloader.core.processes import namespace_of
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.workers.runtime import WorkerRuntime
@@ -139,15 +138,11 @@ def _time_process_scans(jobs: list[ClaimedJob], seconds: float) -> None:
         namespace = namespace_of(job.task)
         if namespace is None:
             continue
-        timer = job.args.get("kind") in TIMER_KIND_NAMES
+        timer = bool(job.args.get("timer"))
         if (namespace, timer) not in seen:
             seen.add((namespace, timer))
             stage = "timers_scanning" if timer else "calls_scanning"
             metrics.observe_process_stage(stage, namespace, seconds)
-
-
-#: The job args' `kind` of a timer's task.
-TIMER_KIND_NAMES: Final = frozenset(kind.value for kind in TIMER_KINDS)
 
 
 def _due_at(now: float, due_in: float | None) -> float:

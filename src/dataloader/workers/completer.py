@@ -50,7 +50,7 @@ from dataloader.logger import log_context
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimAnswerLost, ClaimedJob
 from dataloader.storage.transitions import Applied, Fence, settle
-from dataloader.workers.pipelines.registry import Task
+from dataloader.tasks import Task
 from dataloader.workers.runtime import RunningJob, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -287,6 +287,11 @@ class Completer:
                     p.running.job.job_id: p.running.stages
                     for p, _, t in decided
                     if p.running.stages and t.status is JobStatus.SUCCEEDED
+                },
+                effects={
+                    p.running.job.job_id: p.outcome.effects
+                    for p, _, _ in decided
+                    if p.outcome.effects is not None
                 },
             )
         except ClaimAnswerLost as lost:  # the jobs it handed off run in the slots kept for them

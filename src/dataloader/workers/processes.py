@@ -193,9 +193,11 @@ class ProcessSteps:
             timer_job = NewJob(
                 task=task_name_of(namespace.name),
                 lock_key=lock_key_of(namespace.name, args.process_id),
-                args=TaskArgs(found.process_ref, args.process_id, timer.kind).as_job_args(),
+                args=TaskArgs(
+                    found.process_ref, args.process_id, timer.kind, timer=True
+                ).as_job_args(),
                 queue=found.facts.queue,
-                priority=priority_of(timer.kind, namespace.priority),
+                priority=priority_of(True, namespace.priority),
                 max_attempts=job.max_attempts,
                 lease_ttl_sec=job.lease_ttl_sec,
                 available_at=timer.at,
