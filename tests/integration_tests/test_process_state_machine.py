@@ -3,10 +3,10 @@ compared after every step with a small model of their semantics (`ProcessHarness
 the same processor by the rules in `core.processes`, in memory).
 
 Random sequences of starts (with the same or other args), calls (appending events, setting,
-replacing and unsetting timers, failing), repairs, removals and crashes (a step that outruns
-its timeout: a zombie). After each one, every process the model knows is read back: its
-status, state, detail, history and pending timer's kind must be the model's, and what the
-caller got (a response, or which refusal) too.
+replacing and unsetting timers, failing, crashing: a step that outruns its timeout is a
+zombie), calls to ids never started or removed, repairs and removals. After each one, every
+process the model knows is read back: its status, state, detail, history and pending timer's
+kind must be the model's, and what the caller got (a response, or which refusal) too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from dataloader import (
     Process,
@@ -68,8 +68,19 @@ async def machine(task: ProcessTask, process: Process) -> ProcessResult:
     )
 
 
+#: A call's args; `hang` is a crash (a step that outruns its timeout: a zombie).
 CALLS = st.sampled_from(
-    [{"k": 1}, {"timer": 1}, {"timer": 2}, {"unset": True}, {"fail": True}, {"k": 2}]
+    [
+        {"k": 1},
+        {"timer": 1},
+        {"timer": 2},
+        {"unset": True},
+        {"k": 2},
+        {"timer": 3},
+        {"unset": True},
+        {"fail": True},
+        {"hang": True},
+    ]
 )
 IDS = st.sampled_from(["a", "b", "c"])
 ARGS = st.sampled_from([None, {"x": 1}, {"x": 2}])
@@ -91,6 +102,8 @@ def outcome(value: Any) -> Any:
 
 class ProcessMachine(RuleBasedStateMachine):
     """One example: a service with the machine's workers, processes of ids unique to it."""
+
+    started = Bundle("started")
 
     dsn = ""  # set by the test
 
@@ -127,15 +140,16 @@ class ProcessMachine(RuleBasedStateMachine):
     def pid(self, name: str) -> str:
         return f"{self.prefix}-{name}"
 
-    @rule(name=IDS, args=ARGS)
-    def start(self, name: str, args: Any) -> None:
+    @rule(target=started, name=IDS, args=ARGS)
+    def start(self, name: str, args: Any) -> str:
         processes = self.runner.client.processes
         self.both(
             processes.start(NAMESPACE, self.pid(name), args, timeout=30),
             self.model.start(self.pid(name), args),
         )
+        return name
 
-    @rule(name=IDS, args=CALLS)
+    @rule(name=started, args=CALLS)
     def call(self, name: str, args: dict[str, Any]) -> None:
         processes = self.runner.client.processes
         self.both(
@@ -144,6 +158,11 @@ class ProcessMachine(RuleBasedStateMachine):
         )
 
     @rule(name=IDS)
+    def call_any(self, name: str) -> None:
+        """A call to an id that may never have been started, or was removed."""
+        self.call(name, {"k": 0})
+
+    @rule(name=started)
     def repair(self, name: str) -> None:
         processes = self.runner.client.processes
         self.both(
@@ -151,21 +170,12 @@ class ProcessMachine(RuleBasedStateMachine):
             self.model.repair(self.pid(name), {"k": "repair"}),
         )
 
-    @rule(name=IDS)
+    @rule(name=started)
     def remove(self, name: str) -> None:
         processes = self.runner.client.processes
         self.both(
             processes.remove(NAMESPACE, self.pid(name), timeout=30),
             self.model.remove(self.pid(name)),
-        )
-
-    @rule(name=IDS)
-    def crash(self, name: str) -> None:
-        """A step that outruns its timeout: a zombie, whose process goes to error."""
-        processes = self.runner.client.processes
-        self.both(
-            processes.call(NAMESPACE, self.pid(name), {"hang": True}, timeout=30),
-            self.model.call(self.pid(name), {"hang": True}),
         )
 
     @invariant()
@@ -209,8 +219,8 @@ def process_machine(db_dsn: str) -> type[ProcessMachine]:
 def test_processes_behave_as_their_model(process_machine: type[ProcessMachine]) -> None:
     run = process_machine.TestCase
     run.settings = settings(
-        max_examples=12,
-        stateful_step_count=15,
+        max_examples=40,
+        stateful_step_count=25,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow],

@@ -118,11 +118,12 @@ def test_a_callers_removal_is_no_timer_and_runs_whatever_the_timer() -> None:
     assert before_step(running(TIMER), removal, TASK, 1, idempotent=False) is Before.RUN
 
 
-def test_only_a_repair_runs_on_a_process_in_error() -> None:
+def test_only_a_repair_or_a_removal_runs_on_a_process_in_error() -> None:
     assert before_step(in_error(), args(TaskKind.CALL), TASK, 1, idempotent=False) is (
         Before.IN_ERROR
     )
     assert before_step(in_error(), args(TaskKind.REPAIR), TASK, 1, idempotent=False) is Before.RUN
+    assert before_step(in_error(), args(TaskKind.REMOVE), TASK, 1, idempotent=False) is Before.RUN
 
 
 def test_a_second_attempt_is_a_zombie_unless_the_processor_is_idempotent() -> None:

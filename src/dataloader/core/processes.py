@@ -350,6 +350,10 @@ def admit_start(existing: ProcessFacts | None, args_json: str) -> Refusal | None
 # what a claimed task does -----------------------------------------------------------------------
 
 
+#: The tasks a process in `error` runs: a repair, and a caller's removal.
+RUN_IN_ERROR: Final = frozenset({TaskKind.REPAIR, TaskKind.REMOVE})
+
+
 class Before(Enum):
     """What a claimed task does before its processor is called."""
 
@@ -381,7 +385,7 @@ def before_step(
         return Before.GONE
     if task.timer and process.timer_task != task_id:
         return Before.STALE_TIMER
-    if process.status is ProcessStatus.ERROR and task.kind is not TaskKind.REPAIR:
+    if process.status is ProcessStatus.ERROR and task.kind not in RUN_IN_ERROR:
         return Before.IN_ERROR
     if attempt > 1 and not idempotent:
         return Before.ZOMBIE
