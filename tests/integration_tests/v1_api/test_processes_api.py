@@ -1,0 +1,141 @@
+"""Durable processes over HTTP v1: start, call, repair, remove, get, events, list, a task's
+response after a 504; refusals (404, 409, 422) and scopes."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.orders import registry as orders
+
+from ..conftest import Service, StartService
+from .test_security import ADMIN, READ, TOKENS, TRIGGER, bearer
+
+BASE = "/api/v1/processes"
+
+
+@pytest.fixture
+async def service(start_service: StartService) -> Service:
+    return await start_service(
+        tasks=orders.copy(), workers=[{"queue": "orders", "concurrency": 2}], api_tokens=TOKENS
+    )
+
+
+async def test_a_process_is_started_called_read_and_removed_over_http(service: Service) -> None:
+    http, admin, trigger = service.client, bearer(ADMIN), bearer(TRIGGER)
+    started = await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    assert started.status_code == 200, started.text
+    body = started.json()
+    assert body["response"] == {"state": "awaiting_payment"}
+    assert body["process"]["status"] == "running"
+    assert body["process"]["timer"]["kind"] == "timeout"
+    paid = await http.post(f"{BASE}/orders/o-1/call", json={"args": {"pay": 10}}, headers=trigger)
+    assert paid.status_code == 200, paid.text
+    assert paid.json()["response"] == {"state": "paid"}
+    task = await http.get(f"/api/v1/jobs/{paid.json()['task_id']}", headers=bearer(READ))
+    assert task.json()["result"] == {"state": "paid"}  # the response is the task's result
+    got = await http.get(f"{BASE}/orders/o-1", headers=bearer(READ))
+    assert got.json()["aux_state"]["state"] == "paid"
+    events = await http.get(f"{BASE}/orders/o-1/events", params={"after": 1}, headers=admin)
+    assert [e["event_id"] for e in events.json()["events"]] == [2]
+    listed = await http.get(BASE, params={"namespace": "orders"}, headers=bearer(READ))
+    assert [p["process_id"] for p in listed.json()["processes"]] == ["o-1"]
+    removed = await http.delete(f"{BASE}/orders/o-1", headers=admin)
+    assert removed.status_code == 200, removed.text
+    gone = await http.get(f"{BASE}/orders/o-1", headers=admin)
+    assert gone.status_code == 404
+
+
+async def test_an_id_with_a_slash_is_one_process(service: Service) -> None:
+    http, trigger = service.client, bearer(TRIGGER)
+    started = await http.post(
+        f"{BASE}/orders/2026/11/o-1", json={"args": {"total": 1}}, headers=trigger
+    )
+    assert started.json()["process"]["process_id"] == "2026/11/o-1"
+    called = await http.post(f"{BASE}/orders/2026/11/o-1/call", json={"args": {}}, headers=trigger)
+    assert called.status_code == 200, called.text
+
+
+async def test_refusals_are_404_and_409_with_their_reason(service: Service) -> None:
+    http, admin, trigger = service.client, bearer(ADMIN), bearer(TRIGGER)
+    missing = await http.post(f"{BASE}/orders/nope/call", json={}, headers=trigger)
+    assert missing.status_code == 404
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    other = await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 11}}, headers=trigger)
+    assert (other.status_code, other.json()["reason"]) == (409, "started_with_other_args")
+    failed = await http.post(
+        f"{BASE}/orders/o-1/call", json={"args": {"boom": "x"}}, headers=trigger
+    )
+    assert (failed.status_code, failed.json()["reason"]) == (409, "task_failed")
+    assert uuid.UUID(failed.json()["task_id"])
+    in_error = await http.post(f"{BASE}/orders/o-1/call", json={"args": {}}, headers=trigger)
+    assert (in_error.status_code, in_error.json()["reason"]) == (409, "in_error")
+    repaired = await http.post(f"{BASE}/orders/o-1/repair", json={}, headers=admin)
+    assert repaired.json()["response"] == {"repaired": True}
+    again = await http.post(f"{BASE}/orders/o-1/repair", json={}, headers=admin)
+    assert (again.status_code, again.json()["reason"]) == (409, "not_in_error")
+
+
+async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later(
+    start_service: StartService,
+) -> None:
+    # no worker serves the queue: the init waits
+    service = await start_service(run_workers=False, tasks=orders.copy())
+    late = await service.client.post(
+        f"{BASE}/orders/o-1", json={"args": {"total": 1}, "timeout_sec": 0.1}
+    )
+    assert late.status_code == 504, late.text
+    task_id = late.json()["task_id"]
+    still = await service.client.get(
+        f"/api/v1/process-tasks/{task_id}", params={"timeout_sec": 0.1}
+    )
+    assert still.status_code == 504
+    assert still.json()["task_id"] == task_id
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (f"{BASE}/orders/o-1", {"timeout_sec": 61}),
+        (f"{BASE}/orders/o-1", {"timeout_sec": 0}),
+        (f"{BASE}/orders/o-1", {"args": {"x": "\u0000"}}),
+        (f"{BASE}/orders/o-1", {"metadata": [1]}),
+        (f"{BASE}/orders/o-1", {"unknown": 1}),
+        (f"{BASE}/orders/{'x' * 401}", {}),
+        (f"{BASE}/orders/o-1/call", {"idempotency_key": ""}),
+    ],
+)
+async def test_bad_input_is_a_422_and_writes_nothing(
+    service: Service, path: str, body: dict[str, object]
+) -> None:
+    response = await service.client.post(path, json=body, headers=bearer(TRIGGER))
+    assert response.status_code == 422, response.text
+    listed = await service.client.get(BASE, headers=bearer(READ))
+    assert listed.json()["processes"] == []
+
+
+async def test_scopes_are_the_jobs_ones(service: Service) -> None:
+    http = service.client
+    read_start = await http.post(
+        f"{BASE}/orders/o-1", json={"args": {"total": 1}}, headers=bearer(READ)
+    )
+    assert read_start.status_code == 403
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 1}}, headers=bearer(TRIGGER))
+    trigger_remove = await http.delete(f"{BASE}/orders/o-1", headers=bearer(TRIGGER))
+    assert trigger_remove.status_code == 403
+    trigger_repair = await http.post(f"{BASE}/orders/o-1/repair", json={}, headers=bearer(TRIGGER))
+    assert trigger_repair.status_code == 403
+    anonymous = await http.get(f"{BASE}/orders/o-1")
+    assert anonymous.status_code == 401
+
+
+async def test_a_start_on_a_queue_whose_live_processes_lack_the_namespace_is_a_422(
+    start_service: StartService,
+) -> None:
+    service = await start_service(
+        workers=[{"queue": "elsewhere", "concurrency": 1}], allow_unknown_tasks=False
+    )
+    response = await service.client.post(f"{BASE}/ghosts/g-1", json={"queue": "elsewhere"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["type"] == "unknown_task"
