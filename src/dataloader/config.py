@@ -349,6 +349,14 @@ class Settings(BaseSettings):
         description="Heartbeat entries of the journal are deleted after this, whatever their"
         " job's state (a long job writes many); 0: kept with their job.",
     )
+    process_wait_max_sec: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Longest an HTTP request waits for a durable process's response (start,"
+        " call, repair, remove); a request that asks for more waits this long, then gets 504"
+        " with the task's id (keep it below your proxies' idle timeout).",
+    )
     allow_unknown_tasks: bool = Field(
         default=False,
         description="Accept jobs, schedules and stages of a task no live process knows on a"

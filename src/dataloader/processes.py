@@ -50,6 +50,7 @@ from dataloader.core.processes import (
     task_name_of,
 )
 from dataloader.exceptions import (
+    IdempotencyConflict,
     InvalidJob,
     JobNotFound,
     ProcessConflict,
@@ -209,7 +210,14 @@ class Processes:
                 priority=priority_of(False, priority),
                 max_attempts=definition.max_attempts if definition else ZOMBIE_ATTEMPT,
             )
-            result = await enqueue(conn, job, actor=self._client.actor)
+            try:
+                result = await enqueue(conn, job, actor=self._client.actor)
+            except IdempotencyConflict:
+                raise ProcessConflict(
+                    f"idempotency_key {idempotency_key!r} already names a {kind.value} of process"
+                    f" {process_id!r} with other args",
+                    Refusal.KEY_REUSED.value,
+                ) from None
         metrics.observe_process_stage("request_preparing", namespace, time.perf_counter() - started)
         return result.job_id
 
@@ -316,8 +324,9 @@ def _process_of_key(lock_key: str) -> tuple[str, str]:
 
 
 def _json(value: Any) -> str:
-    """`value` as JSON text, if jsonb can store it (as a job's args would be checked)."""
-    return limits.args_json({"args": value})[len('{"args": ') : -1]
+    """A task's args as JSON text: a JSON object jsonb can store (checked as a job's args
+    are), or null."""
+    return "null" if value is None else limits.args_json(value)
 
 
 def _metadata_json(value: Mapping[str, Any] | None) -> str:

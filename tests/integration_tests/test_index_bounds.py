@@ -16,7 +16,7 @@ import socket
 import asyncpg
 
 from dataloader.core import limits
-from dataloader.core.processes import PROCESS_ID_MAX_BYTES
+from dataloader.core.processes import NAMESPACE_MAX_BYTES, PROCESS_ID_MAX_BYTES
 from dataloader.core.queues import THROUGHPUT_KINDS
 from dataloader.maintenance.leader import MAINTENANCE_LEASE
 
@@ -46,7 +46,7 @@ BOUNDED: dict[tuple[str, str], int] = {
     # the spec's unique idempotency_key: core.limits.check_idempotency_key
     ("dl_jobs", "idempotency_key"): limits.IDEMPOTENCY_KEY_MAX_BYTES,
     # a process's namespace and id: core.processes.check_namespace and check_process_id
-    ("dl_processes", "namespace"): limits.NAME_MAX_BYTES,
+    ("dl_processes", "namespace"): NAMESPACE_MAX_BYTES,
     ("dl_processes", "process_id"): PROCESS_ID_MAX_BYTES,
     # written by dataloader only
     ("dl_processes", "status"): OWN_NAME_MAX_BYTES,

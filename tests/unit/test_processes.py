@@ -10,6 +10,7 @@ import pytest
 from dataloader.core import limits
 from dataloader.core.processes import (
     KEEP,
+    NAMESPACE_MAX_CHARS,
     ZOMBIE_DETAIL,
     Before,
     Namespace,
@@ -28,6 +29,7 @@ from dataloader.core.processes import (
     admit_start,
     after_step,
     before_step,
+    check_namespace,
     check_process_id,
     idempotency_key_of,
     lock_key_of,
@@ -341,3 +343,10 @@ def test_timers_take_one_time() -> None:
         Remove(in_sec=-1)
     assert Remove().now
     assert not Remove(in_sec=0).now
+
+
+def test_a_namespace_is_short_enough_for_its_task_name_to_be_a_name() -> None:
+    longest = "n" * NAMESPACE_MAX_CHARS
+    assert limits.check_name(task_name_of(check_namespace(longest)))
+    with pytest.raises(ValueError, match=f"at most {NAMESPACE_MAX_CHARS} characters"):
+        check_namespace(longest + "n")

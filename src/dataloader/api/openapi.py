@@ -5,11 +5,13 @@ plus what it cannot derive from the routes alone.
   and a schema that said otherwise would send clients (and generated ones) looking for a token
   that does not exist.
 * `args` is any JSON object whose strings (keys and values) hold no NUL: jsonb cannot store
-  one. The schema is recursive through objects (`JsonValue`, `JsonObject`); arrays directly
-  inside arrays are spelt out to `NESTED_ARRAYS` levels, since client generators refuse an
-  array that holds itself.
-* Links from the trigger's `job_id` to the job (and its status) and cancel, so that a client (or a
-  stateful test) knows where the id goes.
+  one (so are a durable process's task args and metadata, or null). The schema is
+  recursive through objects (`JsonValue`, `JsonObject`); arrays directly inside arrays are
+  spelt out to `NESTED_ARRAYS` levels, since client generators refuse an array that holds
+  itself.
+* Links from the trigger's `job_id` to the job (and its status) and cancel, and from a
+  process's start to the operations on it, so that a client (or a stateful test) knows where
+  the ids go.
 * The trigger's `args` follow the model of each task registered in this process (the trigger
   checks them against it), as a condition on `task`. `task` itself is not an enum: a trigger of
   a task no live process knows is accepted while no live process serves its queue
@@ -33,6 +35,19 @@ JOB_PATHS = {
     "GetJobStatus": ("/api/v1/jobs/{job_id}/status", "get"),
     "CancelJob": ("/api/v1/jobs/{job_id}/cancel", "post"),
 }
+
+#: A process's path, and the operations on the process its start's answer links to.
+PROCESS_PATH = "/api/v1/processes/{namespace}/{process_id}"
+PROCESS_LINKS = {
+    "GetProcess": "get_process",
+    "CallProcess": "call_process",
+    "RepairProcess": "repair_process",
+    "RemoveProcess": "remove_process",
+    "ListProcessEvents": "list_process_events",
+}
+
+#: The JSON objects of the request bodies of durable processes' tasks.
+PROCESS_OBJECTS = (("StartRequest", "args"), ("StartRequest", "metadata"), ("CallRequest", "args"))
 
 #: Generators of clients (openapi-python-client) refuse an array whose items refer back to
 #: it, so arrays of arrays are written out level by level, as deep as `args` may hold them.
@@ -78,6 +93,7 @@ def install_openapi(app: FastAPI, *, secured: bool, registry: TaskRegistry) -> N
             _exact_args(schema)
             _task_args(schema, registry)
             _link_job_id(schema)
+            _link_process(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -132,6 +148,31 @@ def _exact_args(schema: dict[str, Any]) -> None:
         "$ref": "#/components/schemas/JsonObject",
         "description": args.get("description", "The task's arguments (a JSON object)."),
     }
+    # a durable process's task args, and its start's metadata: a JSON object, or null
+    for request, name in PROCESS_OBJECTS:
+        field = schemas[request]["properties"][name]
+        schemas[request]["properties"][name] = {
+            "anyOf": [{"$ref": "#/components/schemas/JsonObject"}, {"type": "null"}],
+            "description": field.get("description", "A JSON object."),
+        }
+
+
+def _link_process(schema: dict[str, Any]) -> None:
+    """Links from a process's start to the operations on it, and on the init task."""
+    start = schema["paths"][PROCESS_PATH]["post"]
+    process = {
+        "namespace": "$request.path.namespace",
+        "process_id": "$request.path.process_id",
+    }
+    links: dict[str, Any] = {
+        name: {"operationId": operation_id, "parameters": process}
+        for name, operation_id in PROCESS_LINKS.items()
+    }
+    links["GetProcessTaskResponse"] = {
+        "operationId": "get_process_task_response",
+        "parameters": {"task_id": "$response.body#/task_id"},
+    }
+    start["responses"]["200"]["links"] = links
 
 
 def _link_job_id(schema: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ NamespaceArgument = Annotated[
 ]
 IdArgument = Annotated[str, typer.Argument(metavar="PROCESS_ID", help="The process's id.")]
 ArgsOption = Annotated[
-    str | None, typer.Option("--args", metavar="JSON", help="The task's args (any JSON).")
+    str | None, typer.Option("--args", metavar="JSON", help="The task's args: a JSON object.")
 ]
 TimeoutOption = Annotated[
     float,

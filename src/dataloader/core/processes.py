@@ -41,8 +41,11 @@ TASK_PREFIX: Final = "process:"
 #: Timers are claimed after the external tasks of their queue: a due timer of a process waits
 #: while a call to it waits, and fires after it.
 TIMER_PRIORITY_STEP: Final = 1
+#: A namespace is a name short enough that its processor's task name (TASK_PREFIX + it) is one.
+NAMESPACE_MAX_CHARS: Final = limits.NAME_MAX_CHARS - len(TASK_PREFIX)  # 192
+NAMESPACE_MAX_BYTES: Final = NAMESPACE_MAX_CHARS * limits.UTF8_MAX_BYTES_PER_CHAR
 #: Byte budget of a process_id: the unique index of live processes holds it beside the
-#: namespace (a name, `limits.NAME_MAX_BYTES`), within a btree entry's ~2,700 bytes.
+#: namespace (NAMESPACE_MAX_BYTES), within a btree entry's ~2,700 bytes.
 PROCESS_ID_MAX_BYTES: Final = 1600
 PROCESS_ID_MAX_CHARS: Final = PROCESS_ID_MAX_BYTES // limits.UTF8_MAX_BYTES_PER_CHAR  # 400
 #: Events one step may append.
@@ -133,8 +136,8 @@ class Process:
 
 @dataclass(frozen=True, slots=True)
 class ProcessTask:
-    """The task a processor is called for: its kind, the caller's args (None for timers) and
-    the job that carries it."""
+    """The task a processor is called for: its kind, the caller's args (a JSON object, or
+    None: always for timers) and the job that carries it."""
 
     kind: TaskKind
     args: Any
@@ -219,8 +222,9 @@ def _one_time(in_sec: float | None, at: datetime | None, what: str) -> None:
 
 
 def check_namespace(value: object) -> str:
-    """A namespace: a name, like a queue's."""
-    return limits.check_name(value)
+    """A namespace: a name of NAMESPACE_MAX_CHARS characters at most (its task's name is a
+    name too)."""
+    return limits.check_text(value, NAMESPACE_MAX_CHARS)
 
 
 def check_process_id(value: object) -> str:
@@ -319,6 +323,8 @@ class Refusal(StrEnum):
     IN_ERROR = "in_error"
     NOT_IN_ERROR = "not_in_error"
     STARTED_WITH_OTHER_ARGS = "started_with_other_args"
+    #: A caller's idempotency_key already names a task of the process with other args.
+    KEY_REUSED = "idempotency_key_reused"
 
     @property
     def conflict(self) -> bool:

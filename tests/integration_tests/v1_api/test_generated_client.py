@@ -50,6 +50,16 @@ OPERATIONS = {
         "list_queue_events",
     },
     "tasks": {"list_tasks"},
+    "processes": {
+        "start_process",
+        "call_process",
+        "repair_process",
+        "remove_process",
+        "get_process",
+        "list_process_events",
+        "list_processes",
+        "get_process_task_response",
+    },
     "infra": {"health", "get_status", "get_metrics"},
 }
 

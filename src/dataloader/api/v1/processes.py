@@ -12,8 +12,8 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Path, Query, Response
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.convertors import Convertor, register_url_convertor
 
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
@@ -23,11 +23,14 @@ from dataloader.api.v1.service import JobsService
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.processes import (
+    NAMESPACE_MAX_CHARS,
     PROCESS_ID_MAX_CHARS,
     Event,
     Process,
     ProcessStatus,
     TaskKind,
+    check_namespace,
+    check_process_id,
     task_name_of,
 )
 from dataloader.exceptions import ProcessNotFound
@@ -70,10 +73,15 @@ tasks_router = APIRouter(
 
 Processes = Annotated[Client, Depends(from_state("client"))]
 JobsServiceDep = Annotated[JobsService, Depends(from_state("jobs_service"))]
-Namespace = Annotated[Name, Path(description="The process's namespace.")]
+Namespace = Annotated[
+    str,
+    Path(min_length=1, max_length=NAMESPACE_MAX_CHARS, description="The process's namespace."),
+    AfterValidator(check_namespace),
+]
 ProcessId = Annotated[
     str,
     Path(min_length=1, max_length=PROCESS_ID_MAX_CHARS, description="The process's id."),
+    AfterValidator(check_process_id),
 ]
 Wait = Annotated[
     float,
@@ -149,7 +157,9 @@ class ProcessResponse(BaseModel):
 class StartRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    args: Any = Field(default=None, description="The init task's args (any JSON).")
+    args: dict[str, Any] | None = Field(
+        default=None, description="The init task's args (a JSON object)."
+    )
     metadata: dict[str, Any] | None = None
     queue: Name | None = Field(
         default=None, description="The queue of its tasks (default: the namespace's)."
@@ -160,7 +170,9 @@ class StartRequest(BaseModel):
 class CallRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    args: Any = Field(default=None, description="The task's args (any JSON).")
+    args: dict[str, Any] | None = Field(
+        default=None, description="The task's args (a JSON object)."
+    )
     idempotency_key: IdempotencyKey | None = Field(
         default=None, description="A repeated call with the same key is the same task."
     )
@@ -213,10 +225,10 @@ class ProcessListResponse(BaseModel):
 )
 async def list_processes(
     client: Processes,
-    namespace: Annotated[Name | None, Query()] = None,
+    namespace: Annotated[str | None, Query(min_length=1, max_length=NAMESPACE_MAX_CHARS)] = None,
     status: Annotated[ProcessStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-    cursor: Annotated[int | None, Query(ge=1)] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> ProcessListResponse:
     """Live processes newest first, of a namespace and a status when given, a page at a time
     (`next_cursor`)."""
@@ -246,7 +258,7 @@ async def call_process(
     task_id = await processes.submit(
         namespace, process_id, TaskKind.CALL, body.args, idempotency_key=body.idempotency_key
     )
-    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, body.timeout_sec))
+    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, body.timeout_sec))
 
 
 @router.post(
@@ -265,7 +277,7 @@ async def repair_process(
     task_id = await processes.submit(
         namespace, process_id, TaskKind.REPAIR, body.args, idempotency_key=body.idempotency_key
     )
-    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, body.timeout_sec))
+    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, body.timeout_sec))
 
 
 @router.get(
@@ -279,7 +291,7 @@ async def list_process_events(
     client: Processes,
     namespace: Namespace,
     process_id: ProcessId,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> ProcessEventsResponse:
     """The process's history, oldest first: the events after event `after`, `limit` at most."""
@@ -316,7 +328,7 @@ async def start_process(
         metadata=body.metadata,
         queue=body.queue,
     )
-    response = await processes.response(task_id, body.timeout_sec)
+    response = await _response(client, task_id, body.timeout_sec)
     process = await processes.get(namespace, process_id)
     return StartAnswer(
         task_id=task_id,
@@ -360,7 +372,7 @@ async def remove_process(
     its id is free at once, its history is kept until retention prunes it."""
     processes = client.acting_as(actor).processes
     task_id = await processes.submit(namespace, process_id, TaskKind.REMOVE)
-    return TaskAnswer(task_id=task_id, response=await processes.response(task_id, timeout_sec))
+    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, timeout_sec))
 
 
 @tasks_router.get(
@@ -376,6 +388,21 @@ async def get_process_task_response(
     timeout_sec: Annotated[float, Query(gt=0, le=MAX_WAIT_SEC)] = DEFAULT_WAIT_SEC,
 ) -> TaskAnswer:
     """The response of a process's task (after a 504, say), waiting up to `timeout_sec`."""
-    return TaskAnswer(
-        task_id=task_id, response=await client.processes.response(task_id, timeout_sec)
-    )
+    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, timeout_sec))
+
+
+async def _response(client: Client, task_id: uuid.UUID, timeout_sec: float) -> Any:
+    """The task's response, waited for `timeout_sec` at most, DL_PROCESS_WAIT_MAX_SEC at most."""
+    wait = min(timeout_sec, client.settings.process_wait_max_sec)
+    return await client.processes.response(task_id, wait)
+
+
+@router.api_route(
+    "/{namespace}/{process_id:dl_process_id}",
+    methods=["PUT", "PATCH", "OPTIONS", "TRACE"],
+    include_in_schema=False,
+)
+async def other_methods() -> Response:
+    """405 naming every method a process's path takes (the first route of the path would
+    name its own only)."""
+    return Response(status_code=405, headers={"Allow": "DELETE, GET, HEAD, POST"})
