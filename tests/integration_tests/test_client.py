@@ -686,3 +686,13 @@ async def test_events_read_on_from_the_last_one_seen(client: Client) -> None:
     for bad in ({"after": "1"}, {"limit": 0}, {"limit": True}):
         with pytest.raises(ValueError, match=r"after|limit"):
             await client.events(job.job_id, **bad)
+
+
+async def test_a_delay_of_a_fraction_of_a_second_is_kept(
+    client: Client, conn: asyncpg.Connection
+) -> None:
+    job = await client.enqueue("t", lock_key="k", queue="q", available_at=timedelta(seconds=0.4))
+    waits = await conn.fetchval(
+        "SELECT available_at - created_at FROM dl_jobs WHERE job_id = $1", job.job_id
+    )
+    assert waits == timedelta(seconds=0.4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -26,7 +27,15 @@ from dataloader import (
     TaskRegistry,
     UnsetTimer,
 )
-from dataloader.core.processes import ZOMBIE_DETAIL
+from dataloader.core.processes import ZOMBIE_DETAIL, ProcessFacts, TaskArgs, after_step
+from dataloader.core.retry import Linear
+from dataloader.core.transitions import Ended, Outcome, after_attempt
+from dataloader.maintenance.pruner import Pruner, Retention
+from dataloader.storage.connections import GuardedPool
+from dataloader.storage.db import create_pool
+from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.storage.processes import StepSave
+from dataloader.storage.protocol import WorkerProtocol
 from tests.orders import registry as orders_registry
 
 from .conftest import Service, StartService, wait_until
@@ -300,3 +309,137 @@ async def test_processes_are_listed_newest_first_in_pages_and_counted(dl: Client
 async def running(dl: Client, job_id: uuid.UUID) -> bool:
     job = await dl.get(job_id)
     return job is not None and job.status is JobStatus.RUNNING
+
+
+async def test_a_due_timer_waits_while_calls_to_its_process_wait_or_run(dl: Client) -> None:
+    await dl.processes.start("steered", "p", {"timer": SOON})
+    # the first call outlasts the timer's due time; the second arrives while it runs
+    first = await dl.processes.submit("steered", "p", TaskKind.CALL, {"sleep": SOON * 3})
+    await wait_until(lambda: running(dl, first), what="the first call to run")
+    second = await dl.processes.submit("steered", "p", TaskKind.CALL, {"n": 2})
+    await dl.processes.response(second, 30)
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    if process.timer is not None:  # it had not fired when the second call ended
+        await dl.wait(process.timer.task_id, timeout=30)
+    kinds = [e.payload["kind"] for e in await dl.processes.events("steered", "p")]
+    assert kinds == ["init", "call", "call", "timeout"]
+
+
+async def test_a_step_whose_task_lost_its_claim_writes_nothing_to_its_process(
+    db_dsn: str, conn: asyncpg.Connection, start_service: StartService
+) -> None:
+    api = await start_service(run_workers=False, tasks=processes())
+    await api.dl.processes.submit("steered", "p", TaskKind.INIT)
+    pool = await create_pool(db_dsn, 2, "lost-claim")
+    try:
+        protocol = WorkerProtocol(pool)
+        (claimed,) = await protocol.claim("steered", 1, "test-worker")
+        facts = ProcessFacts(1, ProcessStatus.INIT, queue="steered")
+        save = StepSave(
+            namespace="steered",
+            process_ref=int(claimed.args["process_ref"]),
+            lock_key=claimed.lock_key,
+            task_id=claimed.job_id,
+            write=after_step(
+                facts,
+                TaskArgs.of_job(claimed.args),
+                claimed.job_id,
+                ProcessResult(events=["late"], aux_state={"late": True}),
+                1000,
+            ),
+        )
+        stale = replace(claimed, claim_token=uuid.uuid4())  # another claim's since
+        outcome = Outcome(Ended.SUCCEEDED, result="null", effects=save)
+        decided = after_attempt(outcome, stale.facts(), Linear())
+        applied = await protocol.finish(
+            [(stale, stale.facts(), decided)], "test-worker", effects={stale.job_id: save}
+        )
+        assert stale.job_id not in applied or applied[stale.job_id].state != "written"
+        row = await conn.fetchrow(
+            "SELECT status, aux_state, last_event_id FROM dl_processes WHERE process_id = 'p'"
+        )
+        assert (row["status"], row["aux_state"], row["last_event_id"]) == ("init", None, 0)
+        # the claim that holds the task writes it
+        current = await protocol.finish(
+            [(claimed, claimed.facts(), decided)], "test-worker", effects={claimed.job_id: save}
+        )
+        assert current[claimed.job_id].state == "written"
+        assert (
+            await conn.fetchval("SELECT last_event_id FROM dl_processes WHERE process_id = 'p'")
+            == 1
+        )
+    finally:
+        await pool.close()
+
+
+async def test_two_replicas_run_every_call_of_50_processes_in_order_once(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    workers = [{"queue": "steered", "concurrency": 8}]
+    first = await start_service(tasks=processes(), workers=workers)
+    second = await start_service(tasks=processes(), workers=workers)
+    names = [f"p{n}" for n in range(50)]
+    await asyncio.gather(*(first.dl.processes.start("steered", name) for name in names))
+
+    async def calls_of(name: str) -> list[Any]:
+        clients = (first.dl, second.dl)
+        return list(
+            await asyncio.gather(
+                *(
+                    clients[k % 2].processes.call("steered", name, {"k": k}, timeout=120)
+                    for k in range(20)
+                )
+            )
+        )
+
+    answers = await asyncio.gather(*(calls_of(name) for name in names))
+    for name, got in zip(names, answers, strict=True):
+        # each call saw its own moment of the history: none twice, none lost
+        assert sorted(a["seen"] for a in got) == list(range(1, 21)), name
+    rows = await conn.fetch(
+        "SELECT p.process_id, array_agg(e.event_id ORDER BY e.event_id) AS ids,"
+        " count(DISTINCT e.payload->'args'->>'k') AS ks"
+        " FROM dl_processes p JOIN dl_process_events e USING (process_ref)"
+        " WHERE p.namespace = 'steered' GROUP BY p.process_id"
+    )
+    assert len(rows) == 50
+    for row in rows:
+        assert row["ids"] == list(range(1, 22)), row["process_id"]
+        assert row["ks"] == 20, row["process_id"]
+    workers_used = await conn.fetchval(
+        "SELECT count(DISTINCT worker_id) FROM dl_jobs WHERE task = 'process:steered'"
+    )
+    assert workers_used == 2
+
+
+async def test_status_warns_of_processes_in_error_and_metrics_count_them(
+    service: Service, dl: Client
+) -> None:
+    await dl.processes.start("orders", "o-1", {"total": 1})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.call("orders", "o-1", {"boom": "x"})
+    warnings = (await service.client.get("/status")).json()["warnings"]
+    assert any("namespace 'orders' are in error" in w for w in warnings), warnings
+    scraped = (await service.client.get("/metrics")).text
+    assert 'dataloader_processes{namespace="orders",status="error"} 1.0' in scraped
+    assert 'progressor_task_processing_duration_ms_count{namespace="orders"}' in scraped
+    assert 'progressor_calls_scanning_duration_ms_count{namespace="orders"}' in scraped
+
+
+async def test_the_pruner_deletes_removed_processes_with_their_history_after_retention(
+    dl: Client, conn: asyncpg.Connection, service: Service
+) -> None:
+    await dl.processes.start("steered", "gone")
+    await dl.processes.call("steered", "gone", {"k": 1})
+    await dl.processes.remove("steered", "gone")
+    await dl.processes.start("steered", "kept")
+    await conn.execute(
+        "UPDATE dl_processes SET removed_at = now() - interval '8 days' WHERE process_id = 'gone'"
+    )
+    store = MaintenanceStore(GuardedPool(service.context.pool))
+    retention = replace(Retention.of(service.settings), removed_processes_sec=7 * 86400)
+    deleted = await Pruner(store, retention, batch_size=1).prune()
+    assert (deleted["process_events"], deleted["processes"]) == (2, 1)
+    assert await conn.fetchval("SELECT count(*) FROM dl_processes") == 1
+    assert await dl.processes.get("steered", "kept") is not None

@@ -31,7 +31,8 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 #: the same statement.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
-#: `delay_sec` (with no `available_at`) counts from the database's clock.
+#: `delay_sec` (with no `available_at`) counts from the database's clock, to the microsecond (a
+#: float: cast, since the literal 0 beside it would make it an integer, a delay of 0.3 s none).
 INSERT_JOB: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
@@ -40,8 +41,9 @@ WITH ins AS (
     SELECT gen_random_uuid(), :queue, :task, :args::text::jsonb, :idempotency_key, :lock_key,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
            :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
-    FROM (SELECT COALESCE(:available_at, now() + make_interval(secs => COALESCE(:delay_sec, 0)))
-                 AS at) AS due
+    FROM (SELECT COALESCE(:available_at,
+                          now() + make_interval(secs => COALESCE(:delay_sec::float8, 0))) AS at
+         ) AS due
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING job_id, queue, status, available_at
 ), ev AS (
