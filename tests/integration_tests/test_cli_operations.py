@@ -448,7 +448,7 @@ async def test_prune_deletes_only_jobs_past_their_retention(
     preview = await cli.json("prune", "--dry-run")
     assert preview["dry_run"] is True
     assert preview["would_delete"] == {
-        "succeeded": 1, "canceled": 0, "failed": 1, "lost": 0, "heartbeats": 0,
+        "succeeded": 1, "canceled": 0, "failed": 1, "lost": 0, "heartbeats": 0, "processes": 0,
     }  # fmt: skip
     assert await conn.fetchval("SELECT count(*) FROM dl_jobs") == 5
 

@@ -401,6 +401,7 @@ async def _response(client: Client, task_id: uuid.UUID, timeout_sec: float) -> A
     "/{namespace}/{process_id:dl_process_id}",
     methods=["PUT", "PATCH", "OPTIONS", "TRACE"],
     include_in_schema=False,
+    dependencies=[requires(Scope.read)],
 )
 async def other_methods() -> Response:
     """405 naming every method a process's path takes (the first route of the path would
