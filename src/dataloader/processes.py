@@ -121,10 +121,7 @@ class Processes:
         in the order they arrive. With `idempotency_key`, a repeated call is the same task:
         it returns that task's response (waiting for it if need be). ProcessNotFound,
         ProcessConflict (the process is in error), ProcessTaskFailed, ProcessTimeout."""
-        task_id = await self.submit(
-            namespace, process_id, TaskKind.CALL, args, idempotency_key=idempotency_key
-        )
-        return await self.response(task_id, timeout)
+        return await self._ask(namespace, process_id, TaskKind.CALL, args, idempotency_key, timeout)
 
     async def repair(
         self,
@@ -137,8 +134,21 @@ class Processes:
     ) -> Any:
         """Repair a process in `error`: its processor is called with a `repair` task, and
         its success returns the process to `running`. Its response, as for `call`."""
+        return await self._ask(
+            namespace, process_id, TaskKind.REPAIR, args, idempotency_key, timeout
+        )
+
+    async def _ask(
+        self,
+        namespace: str,
+        process_id: str,
+        kind: TaskKind,
+        args: Any,
+        idempotency_key: str | None,
+        timeout: float | None,
+    ) -> Any:
         task_id = await self.submit(
-            namespace, process_id, TaskKind.REPAIR, args, idempotency_key=idempotency_key
+            namespace, process_id, kind, args, idempotency_key=idempotency_key
         )
         return await self.response(task_id, timeout)
 
@@ -229,7 +239,7 @@ class Processes:
         own = None if definition is None else definition.queue
         if queue is not None and own is not None and queue != own:
             raise InvalidJob("queue", f"namespace {namespace!r} runs on queue {own!r}")
-        return _checked("queue", limits.check_name, queue or own or namespace)  # type: ignore[no-any-return]
+        return str(_checked("queue", limits.check_name, queue or own or namespace))
 
     async def response(self, task_id: uuid.UUID | str, timeout: float | None = None) -> Any:
         """The response of a task submitted earlier, once it has ended (within `timeout`

@@ -254,11 +254,7 @@ async def call_process(
     response is the answer. 404: no such process; 409: it is in error (only a repair is
     accepted), or the processor failed; 504: no response within `timeout_sec` (the call goes
     on: `GET /api/v1/process-tasks/{task_id}`)."""
-    processes = client.acting_as(actor).processes
-    task_id = await processes.submit(
-        namespace, process_id, TaskKind.CALL, body.args, idempotency_key=body.idempotency_key
-    )
-    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, body.timeout_sec))
+    return await _answer(client.acting_as(actor), namespace, process_id, TaskKind.CALL, body)
 
 
 @router.post(
@@ -273,11 +269,7 @@ async def repair_process(
 ) -> TaskAnswer:
     """Repair a process in error: its processor runs a `repair` task, whose success returns
     the process to `running`. 409 when the process is not in error."""
-    processes = client.acting_as(actor).processes
-    task_id = await processes.submit(
-        namespace, process_id, TaskKind.REPAIR, body.args, idempotency_key=body.idempotency_key
-    )
-    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, body.timeout_sec))
+    return await _answer(client.acting_as(actor), namespace, process_id, TaskKind.REPAIR, body)
 
 
 @router.get(
@@ -389,6 +381,16 @@ async def get_process_task_response(
 ) -> TaskAnswer:
     """The response of a process's task (after a 504, say), waiting up to `timeout_sec`."""
     return TaskAnswer(task_id=task_id, response=await _response(client, task_id, timeout_sec))
+
+
+async def _answer(
+    client: Client, namespace: str, process_id: str, kind: TaskKind, body: CallRequest
+) -> TaskAnswer:
+    """Submit a call or repair of the process and answer with its response."""
+    task_id = await client.processes.submit(
+        namespace, process_id, kind, body.args, idempotency_key=body.idempotency_key
+    )
+    return TaskAnswer(task_id=task_id, response=await _response(client, task_id, body.timeout_sec))
 
 
 async def _response(client: Client, task_id: uuid.UUID, timeout_sec: float) -> Any:
