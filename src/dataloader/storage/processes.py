@@ -67,7 +67,11 @@ WHERE p.namespace = :namespace AND p.process_id = :process_id AND p.removed_at I
 """)
 
 #: A process (by incarnation) and the last `history` events of its history, oldest first: one
-#: row per event, or one row without an event. The events are read from the primary key's
+#: row per event, or one row without an event; and whether another task of the process
+#: (another job of its lock_key than `task_id`) is still running, in the same snapshot: two
+#: replicas' claims can each take a task of a process at once, and a task that ends lets its
+#: advisory lock go before its save commits, so a task that found its process busy must not
+#: run on the state it read. The events are read from the primary key's
 #: range above `last_event_id - history`: a process of a million events costs what one of ten
 #: does.
 STEP_INPUT: Final = Statement("""
@@ -76,7 +80,11 @@ SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at,
        e.event_id, e.task_id AS event_task, e.ts AS event_ts, e.payload::text AS payload,
-       e.metadata::text AS event_metadata
+       e.metadata::text AS event_metadata,
+       EXISTS (SELECT 1 FROM dl_jobs r
+               WHERE (r.status = 'running') IS TRUE
+                 AND hashtext(r.lock_key) = hashtext(:lock_key) AND r.lock_key = :lock_key
+                 AND r.job_id <> :task_id) AS busy
 FROM dl_processes p
 LEFT JOIN LATERAL (
     SELECT * FROM dl_process_events e
@@ -261,6 +269,8 @@ class StepInput:
     process_ref: int
     facts: ProcessFacts
     process: Process
+    #: Another task of the process still runs (its save is not committed): this one waits.
+    busy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,13 +428,22 @@ async def get_process(conn: AnyConnection, namespace: str, process_id: str) -> P
     return None if row is None else process_of(row)
 
 
-async def step_input(conn: AnyConnection, process_ref: int, history: int) -> StepInput | None:
-    """The live incarnation `process_ref` with its last `history` events (None: gone)."""
-    rows = await conn.fetch(*STEP_INPUT.bind(process_ref=process_ref, history=history))
+async def step_input(
+    conn: AnyConnection, process_ref: int, history: int, task_id: uuid.UUID, lock_key: str
+) -> StepInput | None:
+    """The live incarnation `process_ref` with its last `history` events, as the task
+    `task_id` (of `lock_key`) finds it (None: gone)."""
+    rows = await conn.fetch(
+        *STEP_INPUT.bind(
+            process_ref=process_ref, history=history, task_id=task_id, lock_key=lock_key
+        )
+    )
     if not rows:
         return None
     events = tuple(event_of(r) for r in rows if r["event_id"] is not None)
-    return StepInput(process_ref, facts_of(rows[0]), process_of(rows[0], events))
+    return StepInput(
+        process_ref, facts_of(rows[0]), process_of(rows[0], events), busy=rows[0]["busy"]
+    )
 
 
 async def save_process(

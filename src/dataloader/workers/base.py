@@ -174,6 +174,10 @@ class Slots:
                 self._rt.running.pop(job.job_id, None)
                 await self._rt.locks.unlock([job.lock_hash])
                 raise
+        if outcome.ended is Ended.BACKED_OFF:
+            # a process's task that found another task of its process running: it held its
+            # lock, which the completer releases only for the jobs that ran
+            await self._rt.locks.unlock([job.lock_hash])
         # The completer takes the job out of the running set once its outcome is written.
         await self._completer.finish(running, outcome)
 

@@ -90,7 +90,15 @@ class ProcessSteps:
         except ValueError as exc:
             return Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
         async with self._connections.connection() as conn:
-            found = await step_input(conn, args.process_ref, namespace.history)
+            found = await step_input(
+                conn, args.process_ref, namespace.history, job.job_id, job.lock_key
+            )
+        if found is not None and found.busy:
+            # claimed beside another task of its process, whose save is not in yet: back to
+            # the queue (attempt refunded), behind that task
+            return Outcome(
+                Ended.BACKED_OFF, "another task of the process runs", holder="running job"
+            )
         facts = None if found is None else found.facts
         before = before_step(facts, args, job.job_id, job.attempt, idempotent=namespace.idempotent)
         if before in _NOT_RUN:
