@@ -13,6 +13,7 @@ import pytest
 
 from dataloader import (
     Client,
+    InvalidJob,
     JobStatus,
     Process,
     ProcessConflict,
@@ -27,7 +28,14 @@ from dataloader import (
     TaskRegistry,
     UnsetTimer,
 )
-from dataloader.core.processes import ZOMBIE_DETAIL, ProcessFacts, TaskArgs, after_step
+from dataloader.core.processes import (
+    NAMESPACE_MAX_CHARS,
+    PROCESS_ID_MAX_CHARS,
+    ZOMBIE_DETAIL,
+    ProcessFacts,
+    TaskArgs,
+    after_step,
+)
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome, after_attempt
 from dataloader.maintenance.pruner import Pruner, Retention
@@ -443,3 +451,27 @@ async def test_the_pruner_deletes_removed_processes_with_their_history_after_ret
     assert (deleted["process_events"], deleted["processes"]) == (2, 1)
     assert await conn.fetchval("SELECT count(*) FROM dl_processes") == 1
     assert await dl.processes.get("steered", "kept") is not None
+
+
+async def test_a_process_at_its_limits_is_started_run_listed_and_read(
+    start_service: StartService,
+) -> None:
+    """A namespace and a process_id at their limits, in 4-byte characters that do not
+    compress: the unique index of live processes and the task's lock_key still hold them."""
+    namespace = "🙂" * NAMESPACE_MAX_CHARS
+    process_id = "🙃" * PROCESS_ID_MAX_CHARS
+    local = TaskRegistry()
+
+    @local.process(namespace)
+    async def echo(task: ProcessTask, process: Process) -> ProcessResult:
+        return ProcessResult(events=[task.args], response=process.last_event_id)
+
+    service = await start_service(tasks=local, workers=[{"queue": namespace, "concurrency": 1}])
+    processes = service.dl.processes
+    assert await processes.start(namespace, process_id, {"x": "🙂" * 100}) == 0
+    assert await processes.call(namespace, process_id, {"y": 1}) == 1
+    page = await processes.list(namespace=namespace)
+    assert [p.process_id for p in page.processes] == [process_id]
+    assert len(await processes.events(namespace, process_id)) == 2
+    with pytest.raises(InvalidJob, match="process_id"):
+        await processes.start(namespace, process_id + "x")
