@@ -84,6 +84,9 @@ log = logging.getLogger(__name__)
 #: A waiter reads its job again at least this often, whatever it hears: a notification can be
 #: missed while the listening connection is replaced.
 WAIT_RECHECK_SEC: Final = 30.0
+#: How long the client keeps listening for ended jobs after its last wait: a client that waits
+#: again and again (a caller of processes, say) does not LISTEN and UNLISTEN for each wait.
+LISTEN_LINGER_SEC: Final = 10.0
 #: What a wait pending when its client closes raises.
 CLOSED_MESSAGE: Final = "the client is closed"
 #: How often `follow` reads a running job's journal and progress.
@@ -114,8 +117,8 @@ class Client:
     closes its connection, which the pool replaces, rather than hand back a connection that may
     still be busy; give such a pool a `command_timeout`, so that no statement waits forever
     for a connection that went silent. While anyone `wait`s, one connection of the source
-    LISTENs for ended jobs (the pool needs room for one more); it is given back when the last
-    wait ends.
+    LISTENs for ended jobs (the pool needs room for one more); it is given back 10 s after the
+    last wait ends (LISTEN_LINGER_SEC: a client that waits again soon keeps it), or at `close`.
     """
 
     def __init__(
@@ -475,24 +478,47 @@ class Client:
     async def _wait(self, job_id: uuid.UUID) -> JobState:
         return (await self._wait_heard(job_id))[0]
 
-    async def _wait_heard(self, job_id: uuid.UUID) -> tuple[JobState, float | None]:
+    async def _wait_heard(
+        self, job_id: uuid.UUID, watching: asyncio.Event | None = None
+    ) -> tuple[JobState, float | None]:
         """The job once ended, and how long it took from the notification of its end to the
-        state in hand (None: it had ended before, or its end went unheard)."""
-        state = await self._ended(job_id)
-        if state is not None:  # no need to listen for a job that has ended
-            return state, None
+        state in hand (None: it had ended before, or its end went unheard). `watching`: the
+        event of a watch of `job_id` entered before the job was created (`_finished.watch`),
+        so that nothing is read before its end is heard."""
+        if watching is not None:
+            return await self._wait_woken(job_id, watching, read_first=False)
+        if not self._finished.listening:
+            # a listener waits out an outage, a first read reports it; and no need to listen
+            # for a job that has ended
+            state = await self._ended(job_id)
+            if state is not None:
+                return state, None
         async with self._finished.watch(job_id) as woken:
-            heard: float | None = None
-            while True:
-                woken.clear()  # before reading: an end announced after the read wakes us
-                state = await self._ended(job_id)
-                if state is not None:
-                    return state, None if heard is None else time.perf_counter() - heard
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), WAIT_RECHECK_SEC)
-                heard = time.perf_counter() if woken.is_set() else None
-                if self._finished.closed:
-                    raise RuntimeError(CLOSED_MESSAGE)
+            return await self._wait_woken(job_id, woken, read_first=True)
+
+    async def _wait_woken(
+        self, job_id: uuid.UUID, woken: asyncio.Event, *, read_first: bool
+    ) -> tuple[JobState, float | None]:
+        """Read the job each time `woken` is set (and every WAIT_RECHECK_SEC) until it has
+        ended; first of all with `read_first`."""
+        heard: float | None = None
+        if not read_first:
+            await self._woken(woken)
+            heard = time.perf_counter() if woken.is_set() else None
+        while True:
+            woken.clear()  # before reading: an end announced after the read wakes us
+            state = await self._ended(job_id)
+            if state is not None:
+                return state, None if heard is None else time.perf_counter() - heard
+            await self._woken(woken)
+            heard = time.perf_counter() if woken.is_set() else None
+
+    async def _woken(self, woken: asyncio.Event) -> None:
+        """Wait until `woken` is set or WAIT_RECHECK_SEC have passed."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), WAIT_RECHECK_SEC)
+        if self._finished.closed:
+            raise RuntimeError(CLOSED_MESSAGE)
 
     async def _ended(self, job_id: uuid.UUID) -> JobState | None:
         """The job's state if it has ended, else None; JobNotFound if there is no such job."""
@@ -634,8 +660,8 @@ def _line(exc: BaseException) -> str:
 
 class _FinishedJobs:
     """Wakes waiters when their job ends: one connection LISTENs while anyone waits, and is
-    given back (UNLISTENed) once nobody does. A connection lost meanwhile is replaced, and
-    every waiter then reads its job again: an end may have gone unheard."""
+    given back (UNLISTENed) once nobody has for LISTEN_LINGER_SEC. A connection lost meanwhile
+    is replaced, and every waiter then reads its job again: an end may have gone unheard."""
 
     def __init__(self, connections: Connections, close_timeout: float) -> None:
         self._connections = connections
@@ -643,23 +669,32 @@ class _FinishedJobs:
         self._waiters: dict[uuid.UUID, set[asyncio.Event]] = {}
         #: Set while the LISTEN is active (and once closed, to release whoever waits for it).
         self._listening = asyncio.Event()
-        #: Set while nobody waits (and once closed): the listener gives its connection back.
+        #: Set while nobody waits (and once closed): the listener gives its connection back,
+        #: unless someone comes to wait within LISTEN_LINGER_SEC.
         self._idle = asyncio.Event()
+        #: Set when someone comes to wait (and once closed): ends the listener's lingering.
+        self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.closed = False
 
     @contextlib.asynccontextmanager
-    async def watch(self, job_id: uuid.UUID) -> AsyncIterator[asyncio.Event]:
-        """An event set when `job_id` may have ended; entered once the LISTEN is active."""
+    async def watch(
+        self, job_id: uuid.UUID, *, until_listening: bool = True
+    ) -> AsyncIterator[asyncio.Event]:
+        """An event set when `job_id` may have ended; entered once the LISTEN is active, or
+        at once without `until_listening` (the event is then set when the LISTEN starts, as
+        an end may have gone unheard before)."""
         if self.closed:
             raise RuntimeError(CLOSED_MESSAGE)
         woken = asyncio.Event()
         self._waiters.setdefault(job_id, set()).add(woken)
         self._idle.clear()
+        self._wanted.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen(), name="dataloader-client-listen")
         try:
-            await self._listening.wait()
+            if until_listening:
+                await self._listening.wait()
             if self.closed:
                 raise RuntimeError(CLOSED_MESSAGE)
             yield woken
@@ -671,6 +706,11 @@ class _FinishedJobs:
                     del self._waiters[job_id]
             if not self._waiters:
                 self._idle.set()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the LISTEN is active: a watch entered now hears every end from now on."""
+        return self._listening.is_set() and not self.closed
 
     async def _listen(self) -> None:
         """LISTEN while anyone waits, on a new connection whenever one is lost."""
@@ -686,7 +726,8 @@ class _FinishedJobs:
                 delay = min(delay * 2, 5.0)
 
     async def _listen_once(self) -> None:
-        """LISTEN on one connection until nobody waits or the connection is lost."""
+        """LISTEN on one connection until nobody waits (for LISTEN_LINGER_SEC) or the
+        connection is lost."""
         lost = asyncio.Event()
 
         def on_lost(_conn: object) -> None:
@@ -700,7 +741,7 @@ class _FinishedJobs:
                 try:
                     self._listening.set()
                     self._wake_all()  # anything may have ended while nobody listened
-                    await _either(self._idle, lost)
+                    await self._until_unwanted(lost)
                 finally:
                     if not self.closed:  # closing keeps it set: no wait may block on it
                         self._listening.clear()
@@ -708,6 +749,20 @@ class _FinishedJobs:
                         await stop_listening_for_ended_jobs(conn, self._notified)
             finally:
                 conn.remove_termination_listener(on_lost)
+
+    async def _until_unwanted(self, lost: asyncio.Event) -> None:
+        """Return once the connection is lost, the client closes, or nobody has waited for
+        LISTEN_LINGER_SEC."""
+        while True:
+            await _either(self._idle, lost)
+            if lost.is_set() or self.closed:
+                return
+            self._wanted.clear()
+            if not self._waiters:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_either(self._wanted, lost), LISTEN_LINGER_SEC)
+            if lost.is_set() or self.closed or not self._waiters:
+                return
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         for text in str(payload).split(","):
@@ -728,6 +783,7 @@ class _FinishedJobs:
         make every pending wait raise RuntimeError."""
         self.closed = True
         self._idle.set()
+        self._wanted.set()
         self._listening.set()
         self._wake_all()
         task = self._task

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from dataloader import metrics
@@ -103,10 +104,9 @@ class Processes:
         task's response. A start of a live process started with the same args returns that
         start's response; with other args, ProcessConflict. `queue` (default: the
         namespace's, else its name) is where its tasks run."""
-        task_id = await self.submit(
-            namespace, process_id, TaskKind.INIT, args, metadata=metadata, queue=queue
+        return await self._submit_and_respond(
+            timeout, namespace, process_id, TaskKind.INIT, args, metadata=metadata, queue=queue
         )
-        return await self.response(task_id, timeout)
 
     async def call(
         self,
@@ -147,10 +147,9 @@ class Processes:
         idempotency_key: str | None,
         timeout: float | None,
     ) -> Any:
-        task_id = await self.submit(
-            namespace, process_id, kind, args, idempotency_key=idempotency_key
+        return await self._submit_and_respond(
+            timeout, namespace, process_id, kind, args, idempotency_key=idempotency_key
         )
-        return await self.response(task_id, timeout)
 
     async def remove(
         self, namespace: str, process_id: str, *, timeout: float | None = DEFAULT_TIMEOUT_SEC
@@ -158,8 +157,30 @@ class Processes:
         """Remove the process, after the task it runs (if any): its pending timer and queued
         tasks are canceled, and its id is free for a new start at once. Its history is kept
         until retention prunes it (DL_RETENTION_*)."""
-        task_id = await self.submit(namespace, process_id, TaskKind.REMOVE)
-        await self.response(task_id, timeout)
+        await self._submit_and_respond(timeout, namespace, process_id, TaskKind.REMOVE)
+
+    async def _submit_and_respond(
+        self,
+        timeout: float | None,
+        namespace: str,
+        process_id: str,
+        kind: TaskKind,
+        args: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+    ) -> Any:
+        """Submit a task and return its response (see `submit` and `response`). The task's
+        end is watched for from before the task is written: its job is read once, when its
+        end is heard."""
+        task_id = uuid.uuid4()
+        async with self._client._finished.watch(task_id, until_listening=False) as woken:
+            submitted = await self._submit(
+                namespace, process_id, kind, args, idempotency_key, metadata, queue, task_id
+            )
+            # a repeated call is the task that holds its key: its end may be long past
+            return await self._respond(submitted, timeout, woken if submitted == task_id else None)
 
     async def submit(
         self,
@@ -174,6 +195,22 @@ class Processes:
     ) -> uuid.UUID:
         """Enqueue a task of the process (init, call, repair or remove) without waiting for
         it; its id, to pass to `response`. Refusals raise before anything is written."""
+        return await self._submit(
+            namespace, process_id, kind, args, idempotency_key, metadata, queue, None
+        )
+
+    async def _submit(
+        self,
+        namespace: str,
+        process_id: str,
+        kind: TaskKind | str,
+        args: Any,
+        idempotency_key: str | None,
+        metadata: Mapping[str, Any] | None,
+        queue: str | None,
+        task_id: uuid.UUID | None,
+    ) -> uuid.UUID:
+        """`submit`, the new task's id being `task_id` when given."""
         started = time.perf_counter()
         kind = TaskKind(kind)
         if kind is TaskKind.TIMEOUT:
@@ -184,7 +221,13 @@ class Processes:
             _checked("idempotency_key", limits.check_idempotency_key, idempotency_key)
         definition = self._client.registry.namespace(namespace)
         args_json = _checked("args", _json, args)
-        async with self._client._connections.connection() as conn, conn.transaction():
+        # an init takes the id and enqueues its task at once; another task is one insert
+        # after a read: a process removed or put in error in between is what the task
+        # finds when it runs (`core.processes.before_step`), as it would a moment later
+        async with (
+            self._client._connections.connection() as conn,
+            conn.transaction() if kind is TaskKind.INIT else _untransacted(),
+        ):
             if kind is TaskKind.INIT:
                 metadata_json = _checked("metadata", _metadata_json, metadata)
                 facts, new = await store.start_process(
@@ -221,11 +264,11 @@ class Processes:
                 max_attempts=definition.max_attempts if definition else ZOMBIE_ATTEMPT,
             )
             try:
-                result = await enqueue(conn, job, actor=self._client.actor)
+                result = await enqueue(conn, job, actor=self._client.actor, job_id=task_id)
             except IdempotencyConflict:
                 raise ProcessConflict(
-                    f"idempotency_key {idempotency_key!r} already names a {kind.value} of process"
-                    f" {process_id!r} with other args",
+                    f"idempotency_key {idempotency_key!r} already names a {kind.value} of"
+                    f" process {process_id!r} with other args",
                     Refusal.KEY_REUSED.value,
                 ) from None
         metrics.observe_process_stage("request_preparing", namespace, time.perf_counter() - started)
@@ -248,9 +291,16 @@ class Processes:
         ProcessConflict (the process was or went in error before it ran), ProcessTaskFailed
         (its processor failed: the process is in error now; or it was canceled)."""
         task_id = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
+        return await self._respond(task_id, timeout, None)
+
+    async def _respond(
+        self, task_id: uuid.UUID, timeout: float | None, watching: asyncio.Event | None
+    ) -> Any:
+        """`response`; `watching`: the event of a watch of the task entered before it was
+        written (`Client._wait_heard`)."""
         try:
             async with asyncio.timeout(timeout):
-                state, heard = await self._client._wait_heard(task_id)
+                state, heard = await self._client._wait_heard(task_id, watching)
         except TimeoutError:
             raise ProcessTimeout(task_id, timeout) from None
         namespace = namespace_of(state.task)
@@ -331,6 +381,11 @@ def _process_of_key(lock_key: str) -> tuple[str, str]:
     """The namespace and id whose tasks share `lock_key` (see `core.processes.lock_key_of`)."""
     namespace, process_id = json.loads(lock_key[len(TASK_PREFIX) :])
     return namespace, process_id
+
+
+@contextlib.asynccontextmanager
+async def _untransacted() -> AsyncIterator[None]:
+    yield
 
 
 def _json(value: Any) -> str:

@@ -190,8 +190,9 @@ async def test_wait_returns_the_final_state_when_a_worker_finishes_the_job(
 
 
 async def test_concurrent_waits_share_one_listening_connection_and_give_it_back(
-    client: Client, conn: asyncpg.Connection, runs: Runs
+    client: Client, conn: asyncpg.Connection, runs: Runs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(dataloader.client, "LISTEN_LINGER_SEC", 0.2)
     jobs = await client.enqueue_many(
         [client.job("t.work", {"gate": "all", "value": i}, lock_key=f"k{i}") for i in range(20)]
     )
@@ -209,6 +210,32 @@ async def test_concurrent_waits_share_one_listening_connection_and_give_it_back(
     # given back, not cut off: its session lives on in the pool
     alive = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
     assert alive == 1
+
+
+async def test_waits_one_after_another_keep_one_listening_session_until_a_quiet_spell(
+    client: Client, conn: asyncpg.Connection, runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that waits again soon after a wait (a caller of processes, say) does not
+    LISTEN anew for each wait; after LISTEN_LINGER_SEC without one, it gives the session back."""
+    monkeypatch.setattr(dataloader.client, "LISTEN_LINGER_SEC", 3600.0)
+    runs.open("go")
+    pids = set()
+    for i in range(3):
+        job = await client.enqueue("t.work", {"gate": "go", "value": i}, lock_key=f"k{i}")
+        assert (await client.wait(job.job_id, timeout=60)).result == {"echo": i}
+        assert client._finished.listening
+        pids.update(await listeners(conn))
+    assert len(pids) == 1  # the same session all along
+
+    monkeypatch.setattr(dataloader.client, "LISTEN_LINGER_SEC", 0.2)
+    job = await client.enqueue("t.work", {"gate": "go", "value": 3}, lock_key="k3")
+    await client.wait(job.job_id, timeout=60)  # its lingering is the short one
+
+    async def nobody_listens() -> bool:
+        return not await listeners(conn) and not listen_tasks()
+
+    await wait_until(nobody_listens, what="the listening connection to be given back")
+    assert not client._finished.listening
 
 
 async def test_wait_times_out_with_a_clear_message(client: Client) -> None:

@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 
 from dataloader.base import JobStatus
+from dataloader.core.processes import ProcessStatus, StepWrite
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, JobFacts, Outcome, after_attempt
 from dataloader.storage import db, queries
+from dataloader.storage.processes import FINISH_TASKS, SAVE_PROCESSES, save_values
+from dataloader.storage.statement import Statement
 from dataloader.storage.transitions import Fence, parameters_of
 
 RUNNING = 3000
@@ -373,3 +376,63 @@ async def test_the_jobs_of_a_lost_claim_are_looked_up_among_the_running_jobs_onl
         and "'Index Cond': \"(status = 'running'::dl_status)\"" in plan
     ), plan
     assert "Seq Scan" not in plan
+
+
+@pytest.fixture
+async def unanalyzed_processes(db_dsn: str) -> AsyncIterator[db.Connection]:
+    """5,000 live processes in a table never analyzed, and generic plans."""
+    conn = await db.connect(db_dsn, "test-plans")
+    await conn.execute("ALTER TABLE dl_processes SET (autovacuum_enabled = false)")
+    await conn.execute("TRUNCATE dl_processes CASCADE")  # statistics: "never analyzed"
+    await conn.execute(
+        "INSERT INTO dl_processes (namespace, process_id, queue, status)"
+        " SELECT 'ns', 'p' || i, 'q', 'running' FROM generate_series(1, 5000) i"
+    )
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    yield conn
+    await conn.close()
+
+
+def _save_args(statement: Statement) -> tuple[Any, ...]:
+    """`statement`'s arguments for the saves of 32 steps (and their tasks' success)."""
+    write = StepWrite(ProcessStatus.RUNNING, events=(('"e"', None),))
+    saves = [(ref, uuid.uuid4(), write, None) for ref in range(1, 33)]
+    values: dict[str, Any] = save_values(saves)
+    if statement is FINISH_TASKS:
+        facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
+        items = [
+            (
+                Fence(task, facts, uuid.uuid4()),
+                after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear()),
+            )
+            for _, task, _, _ in saves
+        ]
+        values |= parameters_of(items) | {
+            "actor_role": "worker",
+            "actor": "w",
+            "wakes_own_queue": True,
+            "hand_off": [],
+            "claim_seed": uuid.uuid4(),
+        }
+    return statement.bind(**values)
+
+
+@pytest.mark.parametrize("statement", [SAVE_PROCESSES, FINISH_TASKS], ids=["alone", "joined"])
+async def test_the_saves_of_steps_find_their_processes_by_primary_key(
+    unanalyzed_processes: db.Connection, statement: Statement
+) -> None:
+    sql, *args = _save_args(statement)
+    found = await unanalyzed_processes.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
+    plan = json.loads(found) if isinstance(found, str) else found
+    scans = [
+        (node["Node Type"], {n.get("Index Name") for n in _nodes(node)} - {None})
+        for node in _nodes(plan[0]["Plan"])
+        if node.get("Relation Name") == "dl_processes" and node["Node Type"] != "ModifyTable"
+    ]
+    assert scans
+    assert all(indexes == {"dl_processes_pkey"} for _, indexes in scans), scans
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """`node` and every node under it."""
+    return [node, *(n for child in node.get("Plans", ()) for n in _nodes(child))]

@@ -131,7 +131,7 @@ class Process:
     updated_at: datetime
     timer: Timer | None = None
     corrupted_by: uuid.UUID | None = None
-    history: tuple[Event, ...] = ()
+    history: Sequence[Event] = ()
 
 
 @dataclass(frozen=True, slots=True)

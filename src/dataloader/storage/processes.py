@@ -4,17 +4,18 @@
 A process's tasks are jobs (`storage/repositories.py` inserts them, the worker protocol claims
 and ends them); what is here is the process itself: its row, taken when started, read before a
 step with the last events of its history, changed by the step's save in the same transaction
-as the task's end (`save_step`), listed and counted for readers. JSON travels as text, as for
-jobs, whatever codecs a connection has.
+as the task's end (`StepSave.apply_all`), listed and counted for readers. JSON travels as
+text, as for jobs, whatever codecs a connection has.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from datetime import datetime
+from typing import Any, Final, overload
 
 from asyncpg import Record
 
@@ -31,11 +32,11 @@ from dataloader.core.processes import (
     Timer,
 )
 from dataloader.core.transitions import Transition, on_cancel
-from dataloader.storage import transitions
+from dataloader.storage import queries, transitions
 from dataloader.storage.db import AnyConnection
-from dataloader.storage.repositories import enqueue
+from dataloader.storage.repositories import enqueue_many
 from dataloader.storage.statement import Statement
-from dataloader.storage.transitions import Fence, release_keys, set_states
+from dataloader.storage.transitions import Fence, Joined, release_keys, set_states
 
 # --- statements ------------------------------------------------------------------------------
 
@@ -66,12 +67,12 @@ FROM dl_processes p
 WHERE p.namespace = :namespace AND p.process_id = :process_id AND p.removed_at IS NULL
 """)
 
-#: A process (by incarnation) and the last `history` events of its history, oldest first: one
-#: row per event, or one row without an event; and whether another task of the process
-#: (another job of its lock_key than `task_id`) is still running, in the same snapshot: two
-#: replicas' claims can each take a task of a process at once, and a task that ends lets its
-#: advisory lock go before its save commits, so a task that found its process busy must not
-#: run on the state it read. The events are read from the primary key's
+#: A process (by incarnation) with the last `history` events of its history, oldest first,
+#: as one JSON array (decoded only if the processor reads them: `LazyHistory`); and whether
+#: another task of the process (another job of its lock_key than `task_id`) is still running,
+#: in the same snapshot: two replicas' claims can each take a task of a process at once, and a
+#: task that ends lets its advisory lock go before its save commits, so a task that found its
+#: process busy must not run on the state it read. The events are read from the primary key's
 #: range above `last_event_id - history`: a process of a million events costs what one of ten
 #: does.
 STEP_INPUT: Final = Statement("""
@@ -79,58 +80,113 @@ SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
        p.aux_state::text AS aux_state,
        p.metadata::text AS metadata, p.corrupted_by, p.init_args::text AS init_args,
        p.last_event_id, p.timer_task, p.timer_kind, p.timer_at, p.created_at, p.updated_at,
-       e.event_id, e.task_id AS event_task, e.ts AS event_ts, e.payload::text AS payload,
-       e.metadata::text AS event_metadata,
+       (SELECT json_agg(json_build_object('event_id', e.event_id, 'task_id', e.task_id,
+                                          'ts', e.ts, 'payload', e.payload,
+                                          'metadata', e.metadata)
+                        ORDER BY e.event_id)::text
+        FROM dl_process_events e
+        WHERE e.process_ref = p.process_ref AND e.event_id > p.last_event_id - :history
+       ) AS history,
        EXISTS (SELECT 1 FROM dl_jobs r
                WHERE (r.status = 'running') IS TRUE
                  AND hashtext(r.lock_key) = hashtext(:lock_key) AND r.lock_key = :lock_key
                  AND r.job_id <> :task_id) AS busy
 FROM dl_processes p
-LEFT JOIN LATERAL (
-    SELECT * FROM dl_process_events e
-    WHERE e.process_ref = p.process_ref AND e.event_id > p.last_event_id - :history
-    ORDER BY e.event_id
-) e ON true
 WHERE p.process_ref = :process_ref AND p.removed_at IS NULL
-ORDER BY e.event_id
 """)
 
-#: Change a process as a step decided (each `set_*` says whether its column changes), append
-#: its events numbered on from `last_event_id`, in one statement. The row's lock orders the
-#: steps of a process, so event ids have no gap and no repeat. Returns the new last_event_id
-#: (no row: the process is gone).
-SAVE_PROCESS: Final = Statement("""
-WITH upd AS (
-    UPDATE dl_processes SET
-        status = COALESCE(:status::text, status),
-        detail = CASE WHEN :set_detail::boolean THEN :detail::text ELSE detail END,
-        aux_state = CASE WHEN :set_aux_state::boolean THEN :aux_state::text::jsonb
-                         ELSE aux_state END,
-        metadata = CASE WHEN :set_metadata::boolean THEN :metadata::text::jsonb
-                        ELSE metadata END,
-        corrupted_by = CASE WHEN :set_corrupted_by::boolean THEN :corrupted_by::uuid
-                            ELSE corrupted_by END,
-        last_event_id = last_event_id + cardinality(:payloads::text[]),
-        timer_task = CASE WHEN :new_timer::uuid IS NOT NULL THEN :new_timer::uuid
-                          WHEN :clear_timer::boolean THEN NULL ELSE timer_task END,
-        timer_kind = CASE WHEN :new_timer::uuid IS NOT NULL THEN :timer_kind::text
-                          WHEN :clear_timer::boolean THEN NULL ELSE timer_kind END,
-        timer_at = CASE WHEN :new_timer::uuid IS NOT NULL
-                             THEN (SELECT available_at FROM dl_jobs WHERE job_id = :new_timer::uuid)
-                        WHEN :clear_timer::boolean THEN NULL ELSE timer_at END,
-        removed_at = CASE WHEN :removed::boolean THEN now() END,
+#: Change processes as their steps decided, one element of each `save_*` array per process
+#: (each `set_*` says whether its column changes), and append their events numbered on from
+#: each `last_event_id`: `event_refs`, `event_payloads`, `event_metadata` and `event_n` hold
+#: every process's events (`event_n`: 1, 2, 3… within a process). The row's lock orders the
+#: steps of a process, so event ids have no gap and no repeat; a batch names each process
+#: once. `_SAVES` selects the saves (`saves`), `_SAVE` writes them (`saved`: each changed
+#: process's new last_event_id; a process that is gone is not changed).
+_SAVES = """
+    SELECT * FROM unnest(:save_ref::bigint[], :save_task::uuid[], :save_status::text[],
+                         :save_set_detail::boolean[], :save_detail::text[],
+                         :save_set_aux_state::boolean[], :save_aux_state::text[],
+                         :save_set_metadata::boolean[], :save_metadata::text[],
+                         :save_set_corrupted_by::boolean[], :save_corrupted_by::uuid[],
+                         :save_events::int[], :save_new_timer::uuid[], :save_timer_kind::text[],
+                         :save_clear_timer::boolean[], :save_removed::boolean[])
+        AS s(process_ref, task_id, status, set_detail, detail, set_aux_state, aux_state,
+             set_metadata, metadata, set_corrupted_by, corrupted_by, events, new_timer,
+             timer_kind, clear_timer, removed)"""
+
+_SAVE = """
+, saved AS (
+    UPDATE dl_processes p SET
+        status = COALESCE(s.status, p.status),
+        detail = CASE WHEN s.set_detail THEN s.detail ELSE p.detail END,
+        aux_state = CASE WHEN s.set_aux_state THEN s.aux_state::jsonb ELSE p.aux_state END,
+        metadata = CASE WHEN s.set_metadata THEN s.metadata::jsonb ELSE p.metadata END,
+        corrupted_by = CASE WHEN s.set_corrupted_by THEN s.corrupted_by ELSE p.corrupted_by END,
+        last_event_id = p.last_event_id + s.events,
+        timer_task = CASE WHEN s.new_timer IS NOT NULL THEN s.new_timer
+                          WHEN s.clear_timer THEN NULL ELSE p.timer_task END,
+        timer_kind = CASE WHEN s.new_timer IS NOT NULL THEN s.timer_kind
+                          WHEN s.clear_timer THEN NULL ELSE p.timer_kind END,
+        timer_at = CASE WHEN s.new_timer IS NOT NULL
+                             THEN (SELECT available_at FROM dl_jobs WHERE job_id = s.new_timer)
+                        WHEN s.clear_timer THEN NULL ELSE p.timer_at END,
+        removed_at = CASE WHEN s.removed THEN now() END,
         updated_at = now()
-    WHERE process_ref = :process_ref::bigint AND removed_at IS NULL
-    RETURNING last_event_id
-), ev AS (
+    FROM saves s
+    -- by the primary key, whatever the planner guesses of the arrays' length or of a table
+    -- not analyzed yet: a generic plan of the join alone, or one that may use the partial
+    -- indexes of live processes (hence `IS TRUE`), reads every live process
+    WHERE p.process_ref = ANY(:save_ref::bigint[]) AND p.process_ref = s.process_ref
+      AND (p.removed_at IS NULL) IS TRUE
+    RETURNING p.process_ref, p.last_event_id, s.events, s.task_id
+), saved_events AS (
     INSERT INTO dl_process_events (process_ref, event_id, task_id, payload, metadata)
-    SELECT :process_ref::bigint, upd.last_event_id - cardinality(:payloads::text[]) + e.n,
-           :task_id::uuid, e.payload::jsonb, e.metadata::jsonb
-    FROM upd, unnest(:payloads::text[], :event_metadata::text[]) WITH ORDINALITY
-         AS e(payload, metadata, n)
+    SELECT saved.process_ref, saved.last_event_id - saved.events + e.n, saved.task_id,
+           e.payload::jsonb, e.metadata::jsonb
+    FROM unnest(:event_refs::bigint[], :event_payloads::text[], :event_metadata::text[],
+                :event_n::int[]) AS e(process_ref, payload, metadata, n)
+    JOIN saved ON saved.process_ref = e.process_ref
+)"""
+
+#: The saves alone (inside the transaction that ends their tasks): see _SAVES. Returns each
+#: changed process's new last_event_id.
+SAVE_PROCESSES: Final = Statement(
+    "".join(
+        (
+            """
+WITH saves AS (""",
+            _SAVES,
+            """
+    ORDER BY s.process_ref
+)""",
+            _SAVE,
+            """
+SELECT process_ref, last_event_id FROM saved
+""",
+        )
+    )
 )
-SELECT last_event_id FROM upd
-""")
+
+#: FINISH_JOBS (`queries`) and the saves of the tasks it writes, in one statement: a save
+#: whose task's end is not written (its fence no longer holds) is not made. For saves that
+#: need no statement before them (no timer to enqueue, no task to cancel): one round trip
+#: ends a batch of tasks and saves their processes.
+FINISH_TASKS: Final = Statement(
+    "".join(
+        (
+            queries.FINISH_JOBS_CTES,
+            """
+, saves AS (""",
+            _SAVES,
+            """
+    WHERE s.task_id IN (SELECT job_id FROM upd)
+    ORDER BY s.process_ref
+)""",
+            _SAVE,
+            queries.FINISH_JOBS_ANSWER,
+        )
+    )
+)
 
 
 #: Live processes in keyset pages (by `process_ref`, newest first): one statement per filter
@@ -187,10 +243,12 @@ ORDER BY e.event_id
 LIMIT :limit
 """)
 
-#: The queued tasks of a process (jobs of its lock_key), to cancel.
+#: The queued tasks of processes (jobs of their lock_keys), to cancel.
 QUEUED_TASKS: Final = Statement("""
 SELECT job_id FROM dl_jobs
-WHERE status = 'queued' AND hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key
+WHERE status = 'queued'
+  AND hashtext(lock_key) = ANY(ARRAY(SELECT hashtext(k) FROM unnest(:lock_keys::text[]) k))
+  AND lock_key = ANY(:lock_keys::text[])
 """)
 
 #: Delete up to `limit` events of processes removed over `after_sec` ago, the longest removed
@@ -289,26 +347,77 @@ class StepSave:
     #: Which progressor stage its write is timed as (`metrics.PROCESS_STAGES`).
     stage: str = "task_completion"
 
-    async def apply(self, conn: AnyConnection) -> None:
-        """Write it on `conn`, inside the transaction of the task's end (after the task's
-        state, before the next job of its lock_key is woken or handed off)."""
-        started = time.perf_counter()
+    @property
+    def needs_statements(self) -> bool:
+        """Whether its write needs statements before the process's own: a timer's job to
+        enqueue, tasks or a timer to cancel."""
         write = self.write
+        return (
+            self.timer_job is not None
+            or write.cancel_queued
+            or write.cancel_timer not in (None, self.task_id)
+        )
+
+    @classmethod
+    def joined(cls, saves: Sequence[StepSave]) -> Joined | None:
+        """FINISH_TASKS with `saves`, when none needs statements of its own (the common
+        step: events, state, an unset timer) and each is of another process."""
+        if any(s.needs_statements for s in saves) or _once_each(saves)[1]:
+            return None
+        return Joined(
+            FINISH_TASKS,
+            save_values([(s.process_ref, s.task_id, s.write, None) for s in saves]),
+        )
+
+    @classmethod
+    async def apply_all(cls, conn: AnyConnection, saves: Sequence[StepSave]) -> None:
+        """Write `saves` on `conn`, inside the transaction of their tasks' end (after the
+        tasks' states, before the next jobs of their lock_keys are woken or handed off), in
+        a few statements whatever their number: the tasks and timers they cancel, the new
+        timers' jobs, the processes and their events."""
+        saves, later = _once_each(saves)
+        keys = [s.lock_key for s in saves if s.write.cancel_queued]
         doomed: list[uuid.UUID] = []
-        if write.cancel_queued:
-            doomed = [
-                r["job_id"] for r in await conn.fetch(*QUEUED_TASKS.bind(lock_key=self.lock_key))
-            ]
-        elif write.cancel_timer is not None:
-            doomed = [write.cancel_timer]
-        doomed = [job_id for job_id in doomed if job_id != self.task_id]
+        if keys:
+            doomed = [r["job_id"] for r in await conn.fetch(*QUEUED_TASKS.bind(lock_keys=keys))]
+        doomed += [
+            s.write.cancel_timer
+            for s in saves
+            if not s.write.cancel_queued and s.write.cancel_timer is not None
+        ]
+        ending = {s.task_id for s in saves}
+        doomed = [job_id for job_id in doomed if job_id not in ending]
         if doomed:
             await cancel_queued(conn, doomed)
-        new_timer = None
-        if self.timer_job is not None:
-            new_timer = (await enqueue(conn, self.timer_job, actor=PROCESS_ACTOR)).job_id
-        await save_process(conn, self.process_ref, self.task_id, self.write, new_timer)
-        metrics.observe_process_stage(self.stage, self.namespace, time.perf_counter() - started)
+        with_timer = [s for s in saves if s.timer_job is not None]
+        timers = await enqueue_many(
+            conn,
+            [s.timer_job for s in with_timer],  # type: ignore[misc]  # filtered just above
+            actor=PROCESS_ACTOR,
+        )
+        new_timers = {s.task_id: t.job_id for s, t in zip(with_timer, timers, strict=True)}
+        await save_processes(
+            conn, [(s.process_ref, s.task_id, s.write, new_timers.get(s.task_id)) for s in saves]
+        )
+        if later:  # not expected (one task of a process at a time), but then in order
+            await cls.apply_all(conn, later)
+
+    @classmethod
+    def written(cls, saves: Sequence[StepSave], seconds: float) -> None:
+        """Time each save as the progressor stage it is (`seconds`: the write of them all)."""
+        for s in saves:
+            metrics.observe_process_stage(s.stage, s.namespace, seconds)
+
+
+def _once_each(saves: Sequence[StepSave]) -> tuple[list[StepSave], list[StepSave]]:
+    """`saves` split into the first save of each process and the rest."""
+    first: list[StepSave] = []
+    rest: list[StepSave] = []
+    seen: set[int] = set()
+    for save in saves:
+        (rest if save.process_ref in seen else first).append(save)
+        seen.add(save.process_ref)
+    return first, rest
 
 
 async def cancel_queued(conn: AnyConnection, job_ids: list[uuid.UUID]) -> None:
@@ -349,7 +458,7 @@ def facts_of(row: Record) -> ProcessFacts:
     )
 
 
-def process_of(row: Record, history: tuple[Event, ...] = ()) -> Process:
+def process_of(row: Record, history: Sequence[Event] = ()) -> Process:
     timer = None
     if row["timer_task"] is not None:
         timer = Timer(TaskKind(row["timer_kind"]), row["timer_at"], row["timer_task"])
@@ -433,53 +542,109 @@ async def step_input(
 ) -> StepInput | None:
     """The live incarnation `process_ref` with its last `history` events, as the task
     `task_id` (of `lock_key`) finds it (None: gone)."""
-    rows = await conn.fetch(
+    row = await conn.fetchrow(
         *STEP_INPUT.bind(
             process_ref=process_ref, history=history, task_id=task_id, lock_key=lock_key
         )
     )
-    if not rows:
+    if row is None:
         return None
-    events = tuple(event_of(r) for r in rows if r["event_id"] is not None)
-    return StepInput(
-        process_ref, facts_of(rows[0]), process_of(rows[0], events), busy=rows[0]["busy"]
-    )
+    events = LazyHistory(row["history"] or "[]")
+    return StepInput(process_ref, facts_of(row), process_of(row, events), busy=row["busy"])
 
 
-async def save_process(
+class LazyHistory(Sequence[Event]):
+    """The events of a step's input, decoded from their JSON array on first use: most steps
+    read few of them, or none, and a hundred events cost more to decode than the rest of a
+    step."""
+
+    __slots__ = ("_decoded", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._decoded: tuple[Event, ...] | None = None
+
+    def _events(self) -> tuple[Event, ...]:
+        if self._decoded is None:
+            self._decoded = tuple(
+                Event(
+                    event_id=e["event_id"],
+                    payload=e["payload"],
+                    metadata=e["metadata"],
+                    task_id=uuid.UUID(e["task_id"]),
+                    ts=datetime.fromisoformat(e["ts"]),
+                )
+                for e in json.loads(self._text)
+            )
+        return self._decoded
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        return self._events()[index]
+
+    def __len__(self) -> int:
+        return len(self._events())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._events())
+
+    def __repr__(self) -> str:
+        return repr(self._events())
+
+
+async def save_processes(
     conn: AnyConnection,
-    process_ref: int,
-    task_id: uuid.UUID,
-    write: StepWrite,
-    new_timer: uuid.UUID | None = None,
-) -> int | None:
-    """Apply `write` to the process (inside the transaction that ends the task): its columns,
-    its events, its timer (`new_timer`: the timer task just inserted). The new last_event_id;
-    None if the process is gone."""
-    payloads = [payload for payload, _ in write.events]
-    metadata = [meta for _, meta in write.events]
-    value: int | None = await conn.fetchval(
-        *SAVE_PROCESS.bind(
-            process_ref=process_ref,
-            task_id=task_id,
-            status=None if write.status is None else write.status.value,
-            set_detail=write.detail is not KEEP,
-            detail=None if write.detail is KEEP else write.detail,
-            set_aux_state=write.aux_state_json is not KEEP,
-            aux_state=None if write.aux_state_json is KEEP else write.aux_state_json,
-            set_metadata=write.metadata_json is not KEEP,
-            metadata=None if write.metadata_json is KEEP else write.metadata_json,
-            set_corrupted_by=write.corrupted_by is not KEEP,
-            corrupted_by=None if write.corrupted_by is KEEP else write.corrupted_by,
-            payloads=payloads,
-            event_metadata=metadata,
-            new_timer=new_timer,
-            timer_kind=None if write.new_timer is None else write.new_timer.kind.value,
-            clear_timer=write.clear_timer,
-            removed=write.removed,
-        )
-    )
-    return value
+    saves: Sequence[tuple[int, uuid.UUID, StepWrite, uuid.UUID | None]],
+) -> dict[int, int]:
+    """Apply each `(process_ref, task_id, write, new_timer)` of `saves` (distinct processes)
+    to its process, inside the transaction that ends the task: its columns, its events, its
+    timer (`new_timer`: the timer task just inserted). {process_ref: new last_event_id} of
+    those changed (a process that is gone is not)."""
+    rows = await conn.fetch(*SAVE_PROCESSES.bind(**save_values(saves)))
+    return {r["process_ref"]: r["last_event_id"] for r in rows}
+
+
+def save_values(
+    saves: Sequence[tuple[int, uuid.UUID, StepWrite, uuid.UUID | None]],
+) -> dict[str, list[Any]]:
+    """The values of `_SAVES` and `_SAVE` for `saves` (see `save_processes`)."""
+    values: dict[str, list[Any]] = {name: [] for name in _SAVE_PARAMETERS}
+    for process_ref, task_id, write, new_timer in saves:
+        for name, value in (
+            ("save_ref", process_ref),
+            ("save_task", task_id),
+            ("save_status", None if write.status is None else write.status.value),
+            ("save_set_detail", write.detail is not KEEP),
+            ("save_detail", None if write.detail is KEEP else write.detail),
+            ("save_set_aux_state", write.aux_state_json is not KEEP),
+            ("save_aux_state", None if write.aux_state_json is KEEP else write.aux_state_json),
+            ("save_set_metadata", write.metadata_json is not KEEP),
+            ("save_metadata", None if write.metadata_json is KEEP else write.metadata_json),
+            ("save_set_corrupted_by", write.corrupted_by is not KEEP),
+            ("save_corrupted_by", None if write.corrupted_by is KEEP else write.corrupted_by),
+            ("save_events", len(write.events)),
+            ("save_new_timer", new_timer),
+            ("save_timer_kind", None if write.new_timer is None else write.new_timer.kind.value),
+            ("save_clear_timer", write.clear_timer),
+            ("save_removed", write.removed),
+        ):
+            values[name].append(value)
+        for n, (payload, metadata) in enumerate(write.events, start=1):
+            values["event_refs"].append(process_ref)
+            values["event_payloads"].append(payload)
+            values["event_metadata"].append(metadata)
+            values["event_n"].append(n)
+    return values
+
+
+#: The parameters `save_values` gives.
+_SAVE_PARAMETERS: Final = tuple(SAVE_PROCESSES.names)
 
 
 async def list_processes(

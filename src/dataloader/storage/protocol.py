@@ -20,10 +20,11 @@ import asyncio
 import functools
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from asyncpg import Record
 
@@ -43,6 +44,7 @@ from dataloader.storage.repositories import enqueue_many
 from dataloader.storage.transitions import (
     Applied,
     Fence,
+    Joined,
     Write,
     apply_transitions,
     facts_of,
@@ -181,9 +183,38 @@ class ExpiredJob:
 
 class Effect(Protocol):
     """What an outcome writes besides its job, in the transaction of its write, only if that
-    write passes the job's fence (`Outcome.effects`)."""
+    write passes the job's fence (`Outcome.effects`). The effects of one kind that one write
+    carries are written together, in a few statements whatever their number: joined to the
+    statement that writes the jobs' states when they can be, else after it."""
 
-    async def apply(self, conn: AnyConnection) -> None: ...
+    @classmethod
+    def joined(cls, effects: Sequence[Self]) -> Joined | None:
+        """The statement that writes `effects` with their jobs' states (FINISH_JOBS and
+        more), or None if they need statements of their own (`apply_all`)."""
+
+    @classmethod
+    async def apply_all(cls, conn: AnyConnection, effects: Sequence[Self]) -> None:
+        """Write `effects` on `conn`, in the transaction that wrote their jobs' states."""
+
+    @classmethod
+    def written(cls, effects: Sequence[Self], seconds: float) -> None:
+        """`effects` were written, in `seconds` (for metrics)."""
+
+
+def _effects_written(
+    by_kind: Mapping[type[Effect], Sequence[tuple[uuid.UUID, Effect]]],
+    applied: Mapping[uuid.UUID, Applied],
+    seconds: float,
+) -> None:
+    """Tell each kind of effect which of its effects were written with their jobs."""
+    for kind, pairs in by_kind.items():
+        written = [
+            effect
+            for job_id, effect in pairs
+            if job_id in applied and applied[job_id].state == "written"
+        ]
+        if written:
+            kind.written(written, seconds)
 
 
 class WorkerProtocol:
@@ -429,9 +460,18 @@ class WorkerProtocol:
         items = [(Fence(job.job_id, facts, job.claim_token), t) for job, facts, t in outcomes]
         tokens = ClaimTokens.of_hand_off(worker_id, hand_off)
 
+        by_kind: dict[type[Effect], list[tuple[uuid.UUID, Effect]]] = {}
+        for job_id, effect in (effects or {}).items():
+            by_kind.setdefault(type(effect), []).append((job_id, effect))
+        joined = None
+        if not stages and len(by_kind) == 1:
+            [(kind, pairs)] = by_kind.items()
+            joined = kind.joined([effect for _, effect in pairs])
+
         async def write() -> dict[uuid.UUID, Applied]:
-            if not stages and not effects:  # one statement, one round trip
-                return await apply_transitions(
+            started = time.perf_counter()
+            if not stages and (not effects or joined is not None):  # one round trip
+                applied = await apply_transitions(
                     self.db.fetch,
                     items,
                     actor_role="worker",
@@ -439,7 +479,10 @@ class WorkerProtocol:
                     wakes_own_queue=True,
                     hand_off=hand_off,
                     claim_seed=tokens.seed,
+                    joined=joined,
                 )
+                _effects_written(by_kind, applied, time.perf_counter() - started)
+                return applied
             async with self.db.transaction() as conn:
                 states = await set_states(conn, items, actor_role="worker", actor=worker_id)
                 written = set(states.written)
@@ -451,10 +494,11 @@ class WorkerProtocol:
                 ]
                 if enqueued:
                     await enqueue_many(conn, enqueued, actor=worker_id)
-                for job_id, effect in (effects or {}).items():
-                    if job_id in written:
-                        await effect.apply(conn)
-                return await release_keys(
+                for kind, pairs in by_kind.items():
+                    together = [effect for job_id, effect in pairs if job_id in written]
+                    if together:
+                        await kind.apply_all(conn, together)
+                applied = await release_keys(
                     conn,
                     states,
                     actor=worker_id,
@@ -462,6 +506,8 @@ class WorkerProtocol:
                     hand_off=hand_off,
                     claim_seed=tokens.seed,
                 )
+            _effects_written(by_kind, applied, time.perf_counter() - started)
+            return applied
 
         return await self._claiming(tokens, write)
 

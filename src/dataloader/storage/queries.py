@@ -38,7 +38,8 @@ WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
                          priority, available_at, max_attempts, lease_ttl_sec, producer,
                          consumer_group, parked)
-    SELECT gen_random_uuid(), :queue, :task, :args::text::jsonb, :idempotency_key, :lock_key,
+    SELECT COALESCE(:job_id::uuid, gen_random_uuid()), :queue, :task, :args::text::jsonb,
+           :idempotency_key, :lock_key,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
            :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
     FROM (SELECT COALESCE(:available_at,
@@ -1074,17 +1075,13 @@ SELECT h.after, (to_jsonb(h) - 'after')::text AS handed FROM handed h
     )
 )
 
-#: SET_JOB_STATES, WAKE_LOCK_WAITERS and HAND_OFF_NEXT in one statement (one round trip, the
-#: worker's finish): the jobs named in `hand_off` are `handing`. Each job comes back as from
-#: SET_JOB_STATES (`written`, `changed`, `busy`), a written one with whether its next job
-#: collided (`collision`) and the job handed to the caller (`handed`, JSON). Every part reads
-#: the database as it was when the statement started: the next jobs they find are the same,
-#: and the rows they write are not (WAKE's put back spares the job HAND_OFF is to take).
-FINISH_JOBS: Final = Statement(
-    "".join(
-        (
-            _SET_STATES,
-            """
+#: FINISH_JOBS's common table expressions: `_SET_STATES`, then what frees, wakes and hands
+#: off the next jobs (a statement that adds its own writes to a finish puts them after these,
+#: reading `upd`: the jobs written).
+FINISH_JOBS_CTES: Final = "".join(
+    (
+        _SET_STATES,
+        """
 , freed AS (
     -- a job leaving `running`, or a queued job ending (it may have been the one its key's
     -- parked jobs waited behind)
@@ -1096,10 +1093,14 @@ FINISH_JOBS: Final = Statement(
 ), written AS (
     SELECT job_id FROM upd
 )""",
-            _NEXT_UP,
-            _WAKE,
-            _HAND_OFF,
-            """
+        _NEXT_UP,
+        _WAKE,
+        _HAND_OFF,
+    )
+)
+
+#: FINISH_JOBS's answer: one row per job (see FINISH_JOBS).
+FINISH_JOBS_ANSWER: Final = """
 SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collision,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
        NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested,
@@ -1114,10 +1115,15 @@ FROM mine m WHERE NOT m.fenced
 UNION ALL
 SELECT ident.job_id, 'busy', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
-""",
-        )
-    )
-)
+"""
+
+#: SET_JOB_STATES, WAKE_LOCK_WAITERS and HAND_OFF_NEXT in one statement (one round trip, the
+#: worker's finish): the jobs named in `hand_off` are `handing`. Each job comes back as from
+#: SET_JOB_STATES (`written`, `changed`, `busy`), a written one with whether its next job
+#: collided (`collision`) and the job handed to the caller (`handed`, JSON). Every part reads
+#: the database as it was when the statement started: the next jobs they find are the same,
+#: and the rows they write are not (WAKE's put back spares the job HAND_OFF is to take).
+FINISH_JOBS: Final = Statement(FINISH_JOBS_CTES + FINISH_JOBS_ANSWER)
 
 # --- reaper --------------------------------------------------------------------------------
 

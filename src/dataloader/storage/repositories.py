@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
 import json
 import re
 import struct
@@ -335,12 +336,14 @@ async def enqueue(
     *,
     actor: str = "client",
     options: JobOptions | None = None,
+    job_id: uuid.UUID | None = None,
 ) -> EnqueueResult:
     """Insert `job` on `conn` (usable inside the caller's own transaction), or return the job
     that already holds its idempotency key if that job is the same (see
     `queries.JOBS_BY_IDEMPOTENCY`), or, with `job.rerun`, ask that job to run again; raise
     `IdempotencyConflict` if it is another job. Options the job leaves out come from
-    `options` (its task's), else the spec's defaults."""
+    `options` (its task's), else the spec's defaults. `job_id`: the id of the new job (one
+    the caller watches for already), else a random one."""
     columns = {name: getattr(job, name) for name in _SINGLE_COLUMNS}
     if not job.is_resolved:
         filled = options if options is not None else _SPEC_OPTIONS
@@ -349,7 +352,7 @@ async def enqueue(
             columns[name] = filled.fill(job, name)
     while True:
         row = await conn.fetchrow(
-            *queries.INSERT_JOB.bind(**columns, args=job.args_json, actor=actor)
+            *queries.INSERT_JOB.bind(**columns, job_id=job_id, args=job.args_json, actor=actor)
         )
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
@@ -380,7 +383,9 @@ async def enqueue_many(
     if not jobs:
         return []
     ids = [uuid.uuid4() for _ in jobs]
-    async with atomic(conn):
+    keyed = any(job.idempotency_key is not None for job in jobs)
+    # without keys nothing is skipped, and the one statement is atomic on its own
+    async with atomic(conn) if keyed else contextlib.nullcontext(conn):
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
@@ -441,7 +446,9 @@ async def _rerun(
 
 
 #: Fields of a job sent as they are, by INSERT_JOB's parameter names (args is sent as text).
-_SINGLE_COLUMNS: Final = tuple(n for n in queries.INSERT_JOB.names if n not in {"args", "actor"})
+_SINGLE_COLUMNS: Final = tuple(
+    n for n in queries.INSERT_JOB.names if n not in {"job_id", "args", "actor"}
+)
 #: Columns of INSERT_JOBS and JOBS_BY_IDEMPOTENCY (one array each).
 _COLUMNS: Final = tuple(
     n for n in queries.INSERT_JOBS.names if n not in {"job_ids", "args", "actor"}

@@ -48,6 +48,7 @@ from dataloader.base import JobStatus
 from dataloader.core.transitions import KEEP, JobFacts, Transition
 from dataloader.storage import queries
 from dataloader.storage.db import AnyConnection, storable_text
+from dataloader.storage.statement import Statement
 
 #: A pool's or a connection's `fetch`.
 Fetch = Callable[..., Awaitable[list[Record]]]
@@ -194,6 +195,16 @@ async def release_keys(
     return applied
 
 
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """A statement that is FINISH_JOBS and more (it writes other rows with the jobs' states,
+    reading `upd`, and answers as FINISH_JOBS does), and the values of its further
+    parameters."""
+
+    statement: Statement
+    values: Mapping[str, Any]
+
+
 async def apply_transitions(
     fetch: Fetch,
     items: Sequence[tuple[Fence, Transition]],
@@ -203,15 +214,18 @@ async def apply_transitions(
     wakes_own_queue: bool = False,
     hand_off: Sequence[uuid.UUID] = (),
     claim_seed: uuid.UUID = NO_SEED,
+    joined: Joined | None = None,
 ) -> dict[uuid.UUID, Applied]:
-    """`set_states` then `release_keys` in one statement, one round trip (FINISH_JOBS), on
-    `fetch` (a pool's, or a connection's): for a write that adds nothing of its own between
-    them. A job missing from the answer no longer matches its fence (it is not the caller's
-    any more)."""
+    """`set_states` then `release_keys` in one statement, one round trip (FINISH_JOBS, or
+    `joined`'s statement, which writes more with them), on `fetch` (a pool's, or a
+    connection's): for a write that adds no statement of its own between them. A job missing
+    from the answer no longer matches its fence (it is not the caller's any more)."""
     if not items:
         return {}
+    statement = queries.FINISH_JOBS if joined is None else joined.statement
     rows = await fetch(
-        *queries.FINISH_JOBS.bind(
+        *statement.bind(
+            **(joined.values if joined is not None else {}),
             **parameters_of(items),
             actor_role=actor_role,
             actor=actor,

@@ -94,7 +94,7 @@ class Slots:
                 busy.append(job)
                 continue
             locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
-            running = self._rt.running[job.job_id] = RunningJob(job)
+            running = self._rt.running[job.job_id] = RunningJob(job, locked=True)
             _count_start(job)
             size = self._batch_size_of(job.task)
             unit = filling.get(job.task)
@@ -174,10 +174,6 @@ class Slots:
                 self._rt.running.pop(job.job_id, None)
                 await self._rt.locks.unlock([job.lock_hash])
                 raise
-        if outcome.ended is Ended.BACKED_OFF:
-            # a process's task that found another task of its process running: it held its
-            # lock, which the completer releases only for the jobs that ran
-            await self._rt.locks.unlock([job.lock_hash])
         # The completer takes the job out of the running set once its outcome is written.
         await self._completer.finish(running, outcome)
 
@@ -267,7 +263,7 @@ class QueueWorker(Slots):
             await self._backoff(job, 0.0, f"the job could not be locked ({exc!r})")
             return
         if locked:
-            self._rt.running[job.job_id] = RunningJob(job)
+            self._rt.running[job.job_id] = RunningJob(job, locked=True)
             _count_start(job)
             if self._rt.wakes_heartbeat([job]):
                 self._rt.job_started.set()

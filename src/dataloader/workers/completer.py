@@ -153,7 +153,7 @@ class Completer:
         """Queue the outcome without waiting (a batch handler's settlements, as it makes
         them); the caller waits on `backpressure` once it can."""
         running.finished = True
-        unlocked = outcome.ended is Ended.BACKED_OFF  # a job backed off never got its lock
+        unlocked = not running.locked  # a job backed off at its claim never got its lock
         facts = running.job.facts(cancel_requested=running.state.cancel_requested)
         self._queue.append(_Pending(running, outcome, unlocked, facts))
         if self._writer is None or self._writer.done():

@@ -37,6 +37,8 @@ class RunningJob:
 
     job: ClaimedJob
     state: RunState = field(default_factory=RunState)
+    #: It holds its lock_key's advisory lock (released before its outcome is written).
+    locked: bool = False
 
     def __post_init__(self) -> None:
         # a cancel requested between the claim and now is already in the claimed row
