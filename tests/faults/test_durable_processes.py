@@ -81,7 +81,9 @@ async def test_calls_across_a_database_restart_are_neither_lost_nor_applied_twic
     conn = await asyncpg.connect(private_server.dsn)
     scenario = Scenario("process_restart", launcher, private_server.dsn, conn)
     try:
-        await replicas(scenario, 2)
+        # leases and presence at their defaults: a restart slowed down by a busy machine must
+        # not outlast a running task's lease (its task would be a zombie, as it should be)
+        await replicas(scenario, 2, **DEFAULT_TIMINGS)
         async with client_of(private_server.dsn) as dl:
             for n in range(5):
                 await dl.processes.start(NAMESPACE, f"r{n}", timeout=30)

@@ -194,12 +194,12 @@ async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: st
         await conn.execute(
             "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at, parked) "
             "SELECT gen_random_uuid(), 'q', 't', 'later-' || i, now() + interval '1 day',"
-            " 'delayed' FROM generate_series(1, 5000) i"
+            " 'delayed' FROM generate_series(1, 50000) i"
         )
         await conn.execute("ANALYZE dl_jobs")
         await conn.execute(
             "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
-            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 5000) i"
+            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 50000) i"
         )
         plans = {name: await plan_of(conn, *args) for name, args in FREED_KEY.items()}
     finally:
@@ -380,13 +380,13 @@ async def test_the_jobs_of_a_lost_claim_are_looked_up_among_the_running_jobs_onl
 
 @pytest.fixture
 async def unanalyzed_processes(db_dsn: str) -> AsyncIterator[db.Connection]:
-    """5,000 live processes in a table never analyzed, and generic plans."""
+    """50,000 live processes in a table never analyzed, and generic plans."""
     conn = await db.connect(db_dsn, "test-plans")
     await conn.execute("ALTER TABLE dl_processes SET (autovacuum_enabled = false)")
     await conn.execute("TRUNCATE dl_processes CASCADE")  # statistics: "never analyzed"
     await conn.execute(
         "INSERT INTO dl_processes (namespace, process_id, queue, status)"
-        " SELECT 'ns', 'p' || i, 'q', 'running' FROM generate_series(1, 5000) i"
+        " SELECT 'ns', 'p' || i, 'q', 'running' FROM generate_series(1, 50000) i"
     )
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     yield conn
