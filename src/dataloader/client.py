@@ -46,18 +46,22 @@ from dataloader.core.models import (
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
 from dataloader.core.routing import KnownTasks, check_route
 from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
+from dataloader.health import MaintenanceState, SystemStatus, maintenance_state, system_status
 from dataloader.logger.utils import mask_dsn
 from dataloader.processes import Processes
 from dataloader.storage import db
-from dataloader.storage.admin import AdminStore
+from dataloader.storage.admin import AdminStore, read_status
 from dataloader.storage.connections import (
     CallerConnections,
     Connections,
     EngineConnections,
     GuardedPool,
+    OnConnections,
     OutageReporting,
 )
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.migrate import check_schema
+from dataloader.storage.presence import LiveWorker, PresenceStore, PublishedTask
 from dataloader.storage.repositories import (
     BulkResult,
     JobPage,
@@ -137,6 +141,8 @@ class Client:
         self.registry = registry if registry is not None else default_registry
         self._repo = JobRepository(self._connections, actor, metrics.count_ended)
         self._admin = AdminStore(self._connections)
+        self._presence = PresenceStore(OnConnections(self._connections))
+        self._maintenance = MaintenanceStore(OnConnections(self._connections))
         self._defaults = JobDefaults(
             max_attempts=settings.default_max_attempts,
             lease_ttl_sec=settings.default_lease_ttl_sec,
@@ -395,6 +401,44 @@ class Client:
         none). Reads only the jobs in those states: as cheap with millions of finished jobs
         in the table as with none."""
         return await self._admin.queue_stats(queue)
+
+    # the system ------------------------------------------------------------------------------
+
+    async def status(self) -> SystemStatus:
+        """The whole system, as GET /status shows it: each queue's jobs, the live processes,
+        who leads maintenance and how its chores last ran, the schedules, the queue table's
+        health, and the warnings they call for."""
+        reading = await read_status(self._admin, self._presence, self._maintenance)
+        return system_status(reading, self.settings)
+
+    async def workers(self) -> builtins.list[LiveWorker]:
+        """The live worker processes: host, pid, version, the queues they serve with their
+        slots, the tasks they know, when each was last seen."""
+        return await self._presence.live_workers()
+
+    async def maintenance(self) -> MaintenanceState:
+        """Who leads maintenance, how the reaper, pruner and cron scheduler last ran, and
+        each schedule's last slot."""
+        return maintenance_state(
+            await self._maintenance.leases(),
+            await self._maintenance.runs(),
+            await self._maintenance.cron_state(),
+        )
+
+    async def published_tasks(self) -> builtins.list[PublishedTask]:
+        """Every task contract live processes publish, with the processes that publish it."""
+        return await self._presence.live_task_specs()
+
+    async def awaited_tasks(self) -> dict[str, builtins.list[str]]:
+        """{task: its queues} for each task with queued jobs that no live process knows."""
+        known = (await self._presence.known_tasks()).tasks()
+        queued = await self._presence.queued_tasks()
+        return {task: queues for task, queues in queued.items() if task not in known}
+
+    async def known_tasks(self) -> KnownTasks:
+        """The tasks live processes know, each with the queues its definitions name, and the
+        queues live processes serve."""
+        return await self._presence.known_tasks()
 
     async def events(
         self, job_id: uuid.UUID | str, *, after: int = 0, limit: int | None = None

@@ -1,19 +1,19 @@
-"""What /status and `dataloader status` warn of: queues nobody serves, tasks nobody knows (of
-queued jobs, of schedules), a transaction keeping vacuum from the queue table, maintenance
-failing or led by nobody. Decided from what was read,
-without I/O, so both say the same in the same words."""
+"""The status of the whole system as every face shows it (`SystemStatus`: /status,
+`dataloader status`, the dashboard), and what it warns of: queues nobody serves, tasks nobody
+knows (of queued jobs, of schedules), a transaction keeping vacuum from the queue table,
+maintenance failing or led by nobody, processes in error. Decided from what was read, without
+I/O, so every face says the same in the same words."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dataloader.config import Settings
 from dataloader.core.models import QueueStats
-from dataloader.maintenance.leader import MAINTENANCE_LEASE
 from dataloader.storage.admin import PROCESSES_IN_ERROR_LOOKED_AT, StatusReading
-from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun
+from dataloader.storage.maintenance import MAINTENANCE_LEASE, CronState, Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
 
 
@@ -31,28 +31,72 @@ def queue_summary(stats: Mapping[str, QueueStats]) -> dict[str, dict[str, Any]]:
     }
 
 
-def status_document(reading: StatusReading, settings: Settings) -> dict[str, Any]:
-    """The status of the whole system, as /status and `dataloader status` show it: each
-    queue's jobs, the live processes, maintenance (the leader's lease, each chore's last run,
-    the schedules), the queue table's health, and warnings."""
-    leader = next((lease for lease in reading.leases if lease.name == MAINTENANCE_LEASE), None)
-    return {
-        "database": "ok",
-        "queues": queue_summary(reading.queues),
-        "live_workers": [
-            {**asdict(worker), "seen_ago_sec": round(worker.seen_ago_sec, 3)}
-            for worker in reading.live
-        ],
-        "maintenance": {
-            "leader": None if leader is None else asdict(leader),
+@dataclass(frozen=True, slots=True)
+class MaintenanceState:
+    """Who leads maintenance, how each chore last ran, and each schedule's last slot."""
+
+    #: The leader's lease (None: nobody has led yet).
+    leader: Lease | None
+    runs: list[MaintenanceRun]
+    cron: list[CronState]
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "leader": None if self.leader is None else asdict(self.leader),
             "runs": {
-                run.task: {**asdict(run), "ago_sec": round(run.ago_sec, 3)} for run in reading.runs
+                run.task: {**asdict(run), "ago_sec": round(run.ago_sec, 3)} for run in self.runs
             },
-            "cron": [asdict(schedule) for schedule in reading.cron.values()],
-        },
-        **reading.table,
-        "warnings": warnings_of(reading, settings),
-    }
+            "cron": [asdict(schedule) for schedule in self.cron],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SystemStatus:
+    """The whole system, as every face shows it (/status, `dataloader status`, the
+    dashboard): each queue's jobs, the live processes, maintenance, the queue table's health
+    and the warnings decided from them."""
+
+    queues: dict[str, QueueStats]
+    live_workers: list[LiveWorker]
+    maintenance: MaintenanceState
+    #: The queue table's health: dead rows, the oldest open transaction (`AdminStore`).
+    table: dict[str, Any]
+    #: {namespace: durable processes in error} (a bounded count: see `process_warnings`).
+    processes_in_error: dict[str, int]
+    warnings: list[str]
+
+    def document(self) -> dict[str, Any]:
+        """As JSON: what /status and `dataloader status --json` answer."""
+        return {
+            "database": "ok",
+            "queues": queue_summary(self.queues),
+            "live_workers": [
+                {**asdict(worker), "seen_ago_sec": round(worker.seen_ago_sec, 3)}
+                for worker in self.live_workers
+            ],
+            "maintenance": self.maintenance.document(),
+            **self.table,
+            "warnings": self.warnings,
+        }
+
+
+def maintenance_state(
+    leases: list[Lease], runs: list[MaintenanceRun], cron: Mapping[str, CronState]
+) -> MaintenanceState:
+    leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
+    return MaintenanceState(leader, runs, list(cron.values()))
+
+
+def system_status(reading: StatusReading, settings: Settings) -> SystemStatus:
+    """The status of the whole system from what was read (and the warnings it calls for)."""
+    return SystemStatus(
+        queues=reading.queues,
+        live_workers=reading.live,
+        maintenance=maintenance_state(reading.leases, reading.runs, reading.cron),
+        table=reading.table,
+        processes_in_error=reading.processes_in_error,
+        warnings=warnings_of(reading, settings),
+    )
 
 
 def warnings_of(reading: StatusReading, settings: Settings) -> list[str]:

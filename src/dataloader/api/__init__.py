@@ -28,9 +28,6 @@ from dataloader.config import Settings
 from dataloader.contract import ContractGuard, load_contract_file
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
-from dataloader.storage.connections import GuardedPool
-from dataloader.storage.maintenance import MaintenanceStore
-from dataloader.storage.presence import PresenceStore
 from dataloader.tasks import TaskRegistry
 from dataloader.tasks import registry as default_registry
 
@@ -59,11 +56,7 @@ def create_app(
             _running(requests),
         ):
             app.state.app_context = runner.context
-            guarded = GuardedPool(runner.context.pool, settings.db_timeout_sec)
-            presence = PresenceStore(guarded)
-            live_tasks.store = presence
-            app.state.presence = presence
-            app.state.maintenance = MaintenanceStore(guarded)
+            live_tasks.store = runner.client
             app.state.jobs_service = JobsService(runner.client, settings, live_tasks, contract)
             app.state.manager = runner.manager
             app.state.client = runner.client

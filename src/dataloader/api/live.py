@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from dataloader.core.routing import KnownTasks, Route, check_route
+from dataloader.core.routing import KnownTasks, KnowsTasks, Route, check_route
 from dataloader.exceptions import InvalidJob, UnknownTask
-from dataloader.storage.presence import PresenceStore
 from dataloader.tasks import TaskRegistry
 
 #: Age of the cached set beyond which a trigger reads it again.
@@ -24,10 +23,11 @@ MISS_CACHE_SEC = 0.25
 
 
 class LiveTasks:
-    """A cached view of what live processes know and serve; attach a store to read it."""
+    """A cached view of what live processes know and serve; attach a reader (the service's
+    client) to read it."""
 
     def __init__(self) -> None:
-        self.store: PresenceStore | None = None
+        self.store: KnowsTasks | None = None
         self._tasks: KnownTasks | None = None
         self._read_at = float("-inf")
         self._reading: asyncio.Task[KnownTasks] | None = None

@@ -13,8 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
 from dataloader.config import Scope
-from dataloader.health import status_document
-from dataloader.storage.admin import read_status
+from dataloader.exceptions import DatabaseUnavailable
 from dataloader.storage.db import CONNECTION_ERRORS
 
 router = APIRouter(tags=["infra"], route_class=AuthorizedRoute)
@@ -86,15 +85,15 @@ async def status(request: Request) -> JSONResponse:
     }
     try:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
-            reading = await read_status(state.app_context.admin, state.presence, state.maintenance)
+            system = await state.client.status()
     except TimeoutError:
         # slow (a huge table, a lock) or unreachable: say which we know
         body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
         return JSONResponse(status_code=503, content=body)
-    except CONNECTION_ERRORS:
+    except DatabaseUnavailable:  # the client's word for a connection refused or lost
         body.update(status="degraded", database="unavailable")
         return JSONResponse(status_code=503, content=body)
-    document = status_document(reading, state.app_context.settings)
+    document = system.document()
     document["maintenance"]["this_process_leads"] = (
         state.manager is not None and state.manager.maintenance.leadership.leading.is_set()
     )

@@ -49,7 +49,6 @@ from dataloader.core.limits import ARGS_MAX_DEPTH
 from dataloader.core.models import EnqueueResult, JobState
 from dataloader.core.routing import check_route
 from dataloader.exceptions import ConfigError, InvalidJob, JobNotFound
-from dataloader.storage.presence import PresenceStore
 from dataloader.storage.repositories import BulkResult, JobPage
 from dataloader.tasks import registry as default_registry
 
@@ -134,8 +133,8 @@ async def _enqueue(
     if default_registry.get(job["task"]) is None and job["queue"] is not None:
         # a task defined here is checked by the client; one that is not, against the live
         # processes (closed before a --wait that may be long)
-        async with inspected(settings) as (_, pool):
-            known = default_registry.known(await PresenceStore(pool).known_tasks())
+        async with inspected(settings) as (client, _):
+            known = default_registry.known(await client.known_tasks())
         check_route(job["task"], job["queue"], known, allow_unknown=settings.allow_unknown_tasks)
     async with connected(settings, actor, default_registry) as client:
         enqueued = await client.enqueue(**job)

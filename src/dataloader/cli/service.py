@@ -29,7 +29,6 @@ from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.maintenance.cron import configured_schedules
 from dataloader.storage.migrate import MigrationReport
-from dataloader.storage.presence import PresenceStore
 from dataloader.tasks import registry as default_registry
 from dataloader.workers.destinations import check_at_start
 
@@ -137,11 +136,11 @@ async def _check_destinations(dsn: str, settings: Settings) -> None:
     start (`workers.destinations`, which warns of the rest), here so that a mistake is one
     line, not a traceback from the application's start-up."""
     # the client checks the schema first: an unmigrated database is its one line
-    async with inspected(settings.model_copy(update={"db_dsn": dsn})) as (_, pool):
+    async with inspected(settings.model_copy(update={"db_dsn": dsn})) as (client, _):
         await check_at_start(
             configured_schedules(settings.cron, default_registry),
             default_registry,
-            PresenceStore(pool),
+            client,
             [queue for spec in settings.workers for queue in spec.served],
             allow_unknown=settings.allow_unknown_tasks,
         )

@@ -12,10 +12,6 @@ from rich.text import Text
 from dataloader.cli.common import ExitCode, JsonOption, inspected, operator_settings, run
 from dataloader.cli.output import Col, cell, console, duration, print_json, table, when
 from dataloader.config import Settings
-from dataloader.health import status_document
-from dataloader.storage.admin import AdminStore, read_status
-from dataloader.storage.maintenance import MaintenanceStore
-from dataloader.storage.presence import PresenceStore
 
 
 def status(as_json: JsonOption = False) -> None:
@@ -33,9 +29,8 @@ def status(as_json: JsonOption = False) -> None:
 async def _status(settings: Settings, as_json: bool) -> int:
     # /status's document, less what only a serving process knows of itself (its own workers
     # and whether it leads)
-    async with inspected(settings) as (_, pool):
-        reading = await read_status(AdminStore(pool), PresenceStore(pool), MaintenanceStore(pool))
-    report = status_document(reading, settings)
+    async with inspected(settings) as (client, _):
+        report = (await client.status()).document()
     if as_json:
         print_json(report)
     else:

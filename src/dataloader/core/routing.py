@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from dataloader.exceptions import ConfigError, InvalidJob, UnknownTask
 
@@ -50,6 +51,12 @@ class KnownTasks:
     def tasks(self) -> frozenset[str]:
         """The names of the tasks defined."""
         return frozenset(self.definitions)
+
+
+class KnowsTasks(Protocol):
+    """Who can say what the live processes know (a `PresenceStore`, a `Client`)."""
+
+    async def known_tasks(self) -> KnownTasks: ...
 
 
 def route(task: str, queue: str, known: KnownTasks) -> Route:

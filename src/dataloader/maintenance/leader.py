@@ -15,13 +15,11 @@ import time
 from typing import Final
 
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.maintenance import MaintenanceStore
+from dataloader.storage.maintenance import MAINTENANCE_LEASE, MaintenanceStore
 from dataloader.workers.waiting import jittered, wait_any
 
 log = logging.getLogger(__name__)
 
-#: The lease's name in `dl_leases`.
-MAINTENANCE_LEASE: Final = "maintenance"
 #: A leader whose renewals fail steps down this far into its lease (by its own clock, from
 #: before the last renewal that got through was sent).
 STEP_DOWN_AT: Final = 0.8

@@ -38,6 +38,40 @@ class Connections(Protocol):
         ...
 
 
+class Queries(Protocol):
+    """Statements run one at a time, each on a connection of its own: a `GuardedPool`, or
+    `OnConnections` over a client's connections."""
+
+    async def fetch(self, query: str, *args: Any) -> list[Record]: ...
+    async def fetchrow(self, query: str, *args: Any) -> Record | None: ...
+    async def fetchval(self, query: str, *args: Any) -> Any: ...
+    async def execute(self, query: str, *args: Any) -> str: ...
+
+
+class OnConnections:
+    """`Queries` on `connections` (a client's: what it reads through stores written for a
+    pool, with the client's connection hygiene and outage reporting)."""
+
+    def __init__(self, connections: Connections) -> None:
+        self._connections = connections
+
+    async def fetch(self, query: str, *args: Any) -> list[Record]:
+        async with self._connections.connection() as conn:
+            return await conn.fetch(query, *args)  # type: ignore[no-any-return]
+
+    async def fetchrow(self, query: str, *args: Any) -> Record | None:
+        async with self._connections.connection() as conn:
+            return await conn.fetchrow(query, *args)  # type: ignore[no-any-return]
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async with self._connections.connection() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        async with self._connections.connection() as conn:
+            return await conn.execute(query, *args)  # type: ignore[no-any-return]
+
+
 class OutageReporting:
     """Connections (`inner`'s) whose refusal or loss raises DatabaseUnavailable, one line, the
     driver's error as its cause, whatever statement was running: a connection refused, lost

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from dataloader.base import JobStatus
 from dataloader.storage import processes, queries
-from dataloader.storage.connections import GuardedPool
+from dataloader.storage.connections import Queries
+
+#: The name in `dl_leases` of the lease of the process that leads maintenance.
+MAINTENANCE_LEASE: Final = "maintenance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ class MaintenanceRun:
 class MaintenanceStore:
     """Maintenance's statements over a pool, with its connection hygiene."""
 
-    def __init__(self, db: GuardedPool) -> None:
+    def __init__(self, db: Queries) -> None:
         self._db = db
 
     async def acquire(self, name: str, holder: str, ttl_sec: float) -> Lease | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from dataloader.core.routing import KnownTasks
 from dataloader.storage import queries
-from dataloader.storage.connections import GuardedPool
+from dataloader.storage.connections import Queries
 
 #: Rows of processes not seen for this long are deleted (they died without deregistering).
 PRUNE_AFTER_SEC = 3600.0
@@ -76,7 +76,7 @@ class PresenceStore:
     """The statements of `dl_workers`, on a pool (the workers' own for the presence loop, the
     API's for the trigger check and /status), with its connection hygiene."""
 
-    def __init__(self, db: GuardedPool) -> None:
+    def __init__(self, db: Queries) -> None:
         self._db = db
 
     async def upsert(self, worker: WorkerInfo) -> None:

@@ -10,8 +10,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from dataloader.config import CronSpec
-from dataloader.core.routing import Destination, KnownTasks, check_destinations
-from dataloader.storage.presence import PresenceStore
+from dataloader.core.routing import Destination, KnownTasks, KnowsTasks, check_destinations
 from dataloader.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ def destinations(schedules: Sequence[CronSpec], registry: TaskRegistry) -> list[
 async def check_at_start(
     schedules: Sequence[CronSpec],
     registry: TaskRegistry,
-    presence: PresenceStore,
+    presence: KnowsTasks,
     own_queues: Iterable[str],
     *,
     allow_unknown: bool,

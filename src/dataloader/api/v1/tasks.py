@@ -14,15 +14,15 @@ from dataloader.api.v1.schemas import (
     TaskContractResponse,
     TaskListResponse,
 )
+from dataloader.client import Client
 from dataloader.config import Scope
-from dataloader.storage.presence import PresenceStore
 
 router = APIRouter(
     prefix="/api/v1/tasks", tags=["tasks"], responses=AUTH_ERRORS, route_class=AuthorizedRoute
 )
 
 
-Presence = Annotated[PresenceStore, Depends(from_state("presence"))]
+Reader = Annotated[Client, Depends(from_state("client"))]
 
 
 @router.get(
@@ -31,20 +31,17 @@ Presence = Annotated[PresenceStore, Depends(from_state("presence"))]
     operation_id="list_tasks",
     dependencies=[requires(Scope.read)],
 )
-async def list_tasks(presence: Presence) -> TaskListResponse:
+async def list_tasks(client: Reader) -> TaskListResponse:
     """Every task some live worker runs: its queue and options, the JSON Schema of its args
     (validate before you trigger) and of its result, and the processes that publish it; then
     the tasks of queued jobs that no live process knows, with their queues."""
-    published = await presence.live_task_specs()
-    known = (await presence.known_tasks()).tasks()
     return TaskListResponse(
         tasks=[
             TaskContractResponse.model_validate(p.spec | {"name": p.name, "workers": p.workers})
-            for p in published
+            for p in await client.published_tasks()
         ],
         awaited=[
             AwaitedTaskResponse(name=task, queues=queues)
-            for task, queues in (await presence.queued_tasks()).items()
-            if task not in known
+            for task, queues in (await client.awaited_tasks()).items()
         ],
     )
