@@ -194,12 +194,12 @@ async def test_the_next_job_of_a_freed_key_is_found_by_the_keys_index(db_dsn: st
         await conn.execute(
             "INSERT INTO dl_jobs (job_id, queue, task, lock_key, available_at, parked) "
             "SELECT gen_random_uuid(), 'q', 't', 'later-' || i, now() + interval '1 day',"
-            " 'delayed' FROM generate_series(1, 50000) i"
+            " 'delayed' FROM generate_series(1, 5000) i"
         )
         await conn.execute("ANALYZE dl_jobs")
         await conn.execute(
             "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
-            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 50000) i"
+            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 5000) i"
         )
         plans = {name: await plan_of(conn, *args) for name, args in FREED_KEY.items()}
     finally:
