@@ -360,6 +360,19 @@ class Client:
         """The job's state (with its result, duration and worker), or None if there is none."""
         return await self._repo.get(_uuid(job_id))
 
+    async def find(self, idempotency_key: str) -> JobState | None:
+        """The job holding `idempotency_key`, or None."""
+        job_id = await self._repo.holder_of(idempotency_key)
+        return None if job_id is None else await self._repo.get(job_id)
+
+    async def args(self, job_id: uuid.UUID | str) -> tuple[Any, str | None]:
+        """The job's args and its partition_key (None: it has none); JobNotFound if there is
+        no such job."""
+        found = await self._repo.args(_uuid(job_id))
+        if found is None:
+            raise JobNotFound(f"job {job_id} not found")
+        return found
+
     async def list(
         self,
         *,

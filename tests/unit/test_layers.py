@@ -34,7 +34,18 @@ BELOW_WORKERS = (
     "storage",
 )
 #: Modules and packages that import nothing from the workers themselves.
-NOT_IMPORTING_WORKERS = (*BELOW_WORKERS, "api", "health.py")
+NOT_IMPORTING_WORKERS = (*BELOW_WORKERS, "api", "health.py", "dashboard")
+#: What the dashboard may not import: it reads and acts through a `Client` only (no SQL, no
+#: store, no driver, no reach into the worker manager or the service's internals).
+DASHBOARD_FORBIDDEN = (
+    "dataloader.storage",
+    "dataloader.workers",
+    "dataloader.maintenance",
+    "dataloader.context",
+    "dataloader.runner",
+    "asyncpg",
+    "sqlalchemy",
+)
 
 
 def module_name(path: Path) -> str:
@@ -149,3 +160,13 @@ def test_an_import_of_the_workers_is_found_wherever_it_is() -> None:
         ("dataloader.workers.manager", 6),
         ("dataloader.workers.job_context", 7),
     ]
+
+
+@pytest.mark.parametrize("path", files("dashboard"), ids=relative)
+def test_the_dashboard_reads_and_acts_through_the_client_only(path: Path) -> None:
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {module}"
+        for module, line in imported(path)
+        if any(module == f or module.startswith(f + ".") for f in DASHBOARD_FORBIDDEN)
+    ]
+    assert not offences, "; ".join(offences)

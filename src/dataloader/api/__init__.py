@@ -26,6 +26,7 @@ from dataloader.api.v1.service import JobsService
 from dataloader.api.v1.tasks import router as tasks_router
 from dataloader.config import Settings
 from dataloader.contract import ContractGuard, load_contract_file
+from dataloader.dashboard import install_dashboard
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
@@ -87,6 +88,7 @@ def create_app(
     app.include_router(tasks_router)
     app.include_router(processes_router)
     app.include_router(process_tasks_router)
+    install_dashboard(app, lambda: app.state.client, app.state.authenticator)
     return app
 
 

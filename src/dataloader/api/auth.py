@@ -58,6 +58,16 @@ class Authenticator:
                 found = token
         return found
 
+    def named(self, name: str) -> ApiToken | None:
+        """The configured token called `name`, if any."""
+        return next((token for _, token in self._tokens if token.name == name), None)
+
+    @property
+    def key_material(self) -> bytes:
+        """What every replica with the same tokens shares, and nobody without them knows: the
+        tokens' digests (empty without tokens)."""
+        return b"".join(digest for digest, _ in self._tokens)
+
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()

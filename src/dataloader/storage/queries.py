@@ -134,6 +134,16 @@ JOIN dl_jobs j ON j.idempotency_key = t.idempotency_key
 
 # --- readers -------------------------------------------------------------------------------
 
+#: The job holding an idempotency key (its unique index).
+JOB_BY_IDEMPOTENCY_KEY: Final = Statement("""
+SELECT job_id FROM dl_jobs WHERE idempotency_key = :idempotency_key
+""")
+
+#: A job's args and partition_key (as JSON text), which readers of its state seldom need.
+JOB_ARGS: Final = Statement("""
+SELECT args::text AS args, partition_key FROM dl_jobs WHERE job_id = :job_id
+""")
+
 #: One job as readers see it. JSON comes back as text, whatever codec the connection has (the
 #: client may run on a pool or an engine that is not ours).
 JOB_STATUS: Final = Statement("""

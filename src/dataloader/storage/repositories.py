@@ -117,6 +117,20 @@ class JobRepository:
             row = await conn.fetchrow(*queries.JOB_STATUS.bind(job_id=job_id))
         return None if row is None else job_state(row)
 
+    async def holder_of(self, idempotency_key: str) -> uuid.UUID | None:
+        """The job holding `idempotency_key`, if any."""
+        async with self.connections.connection() as conn:
+            found: uuid.UUID | None = await conn.fetchval(
+                *queries.JOB_BY_IDEMPOTENCY_KEY.bind(idempotency_key=idempotency_key)
+            )
+        return found
+
+    async def args(self, job_id: uuid.UUID) -> tuple[Any, str | None] | None:
+        """The job's args and partition_key, or None when there is no such job."""
+        async with self.connections.connection() as conn:
+            row = await conn.fetchrow(*queries.JOB_ARGS.bind(job_id=job_id))
+        return None if row is None else (json.loads(row["args"]), row["partition_key"])
+
     async def list(self, where: JobFilter, limit: int, cursor: str | None = None) -> JobPage:
         """Jobs newest first, filtered; `cursor` is the `next_cursor` of the previous page."""
         values = where.given()

@@ -16,6 +16,7 @@ import pytest
 from dataloader.api import DOCS_ASSETS_URL, create_app
 from dataloader.api.auth import AuthorizedRoute, _Requirement, requires
 from dataloader.config import Scope
+from dataloader.dashboard.common import viewer_of
 
 from ..conftest import Service, StartService
 from ..procs import free_port, launched, run_cli
@@ -116,6 +117,8 @@ def test_every_route_but_the_open_ones_requires_a_scope(make_settings: Any) -> N
     app = create_app(make_settings(), run_workers=False)
     open_paths = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
     open_paths.add(DOCS_ASSETS_URL)  # the docs pages' own files
+    # the dashboard's sign-in page, and its own files (htmx, the style sheet)
+    open_paths |= {"/ui/signin", "/ui/static"}
     routes = list(every_route(app.routes))
     unprotected = [
         path
@@ -125,9 +128,16 @@ def test_every_route_but_the_open_ones_requires_a_scope(make_settings: Any) -> N
             isinstance(route, AuthorizedRoute)
             and any(isinstance(d.dependency, _Requirement) for d in route.dependencies)
         )
+        # a dashboard page asks who looks first: a session, else the sign-in page
+        and not (path.startswith("/ui") and _needs_a_viewer(route))
     ]
     assert unprotected == []
     assert {"/status", TRIGGER_URL} <= {path for path, _ in routes}  # the walk found them
+
+
+def _needs_a_viewer(route: Any) -> bool:
+    """Whether a dashboard route depends on who looks (`viewer_of`: a session, or sign in)."""
+    return any(d.call is viewer_of for d in route.dependant.dependencies)
 
 
 def every_route(routes: list[Any]) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,58 @@
+"""The web dashboard, at /ui: queues, jobs and the whole system in a browser, served by the
+service itself (no other process, no build step, no asset from elsewhere).
+
+A router built from a `Client`: every page reads through the client's typed reads and acts
+through its changes, as the API and the CLI do; this package holds no SQL and does not reach
+into the worker manager (`tests/unit/test_layers.py`). One module per page; templates (Jinja2,
+autoescaped) and static files (htmx, vendored with its licence) are package data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from dataloader.api.auth import Authenticator
+from dataloader.client import Client
+from dataloader.dashboard import jobs, overview, signin
+from dataloader.dashboard.common import (
+    HERE,
+    PREFIX,
+    NewSession,
+    Pages,
+    SignInRequired,
+    pages_of,
+    set_session,
+)
+from dataloader.dashboard.sessions import Sessions
+
+__all__ = ["PREFIX", "install_dashboard"]
+
+
+def install_dashboard(
+    app: FastAPI, client: Callable[[], Client], authenticator: Authenticator
+) -> None:
+    """Serve the dashboard on `app` at /ui, reading through `client()` (the service's
+    client, once it is open), signing in with `authenticator`'s tokens."""
+    app.state.dashboard = Pages(client, Sessions(authenticator, authenticator.key_material))
+    for page in (overview.router, jobs.router, signin.router):
+        app.include_router(page)
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
+    app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]
+    app.add_exception_handler(NewSession, _new_session)
+
+
+async def _to_sign_in(request: Request, exc: SignInRequired) -> Response:
+    return RedirectResponse(f"{PREFIX}/signin?next={exc.path}", status_code=303)
+
+
+async def _new_session(request: Request, exc: Exception) -> Response:
+    """Without authentication: a session for CSRF, then the page again (a GET; an action
+    without a session is refused: its CSRF token cannot be right)."""
+    if request.method != "GET":
+        return HTMLResponse("sign in again: your session is new", status_code=403)
+    value = pages_of(request).sessions.anonymous()
+    return set_session(RedirectResponse(str(request.url), status_code=303), value, request)

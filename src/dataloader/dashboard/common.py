@@ -1,0 +1,134 @@
+"""What every page shares: the templates, who is looking (`viewer`), rendering, and the
+filters that format a job's facts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from dataloader.client import Client
+from dataloader.config import Scope
+from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD, SESSION_SEC, Sessions, Viewer
+from dataloader.logger.utils import mask_mapping
+
+#: Where the dashboard is served.
+PREFIX: Final = "/ui"
+HERE: Final = Path(__file__).resolve().parent
+
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def pretty_json(value: Any) -> str:
+    """A JSON value indented for reading, secrets masked as the logs mask them (the
+    template escapes it)."""
+    return json.dumps(mask_mapping(value), indent=2, ensure_ascii=False, default=str)
+
+
+def ago(moment: datetime | None) -> str:
+    """How long ago `moment` was, in a few characters ("12 s", "3 min", "2 h", "4 d")."""
+    if moment is None:
+        return "—"
+    seconds = (datetime.now(UTC) - moment).total_seconds()
+    return span(seconds) + (" ago" if seconds >= 0 else " ahead")
+
+
+def span(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def stamp(moment: datetime | None) -> str:
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters.update(pretty_json=pretty_json, ago=ago, span=span, stamp=stamp)
+
+
+class Pages:
+    """What the routes of every page need: the client they read through, the sessions."""
+
+    def __init__(self, client: Callable[[], Client], sessions: Sessions) -> None:
+        self.client = client
+        self.sessions = sessions
+
+
+def pages_of(request: Request) -> Pages:
+    pages: Pages = request.app.state.dashboard
+    return pages
+
+
+def client_of(request: Request) -> Client:
+    return pages_of(request).client()
+
+
+async def viewer_of(request: Request) -> Viewer:
+    """Who is looking; a viewer without a session is sent to sign in (`SignInRequired`)."""
+    sessions = pages_of(request).sessions
+    viewer = sessions.viewer(request.cookies.get(COOKIE))
+    if viewer is not None:
+        return viewer
+    if sessions.required:
+        raise SignInRequired(request.url.path)
+    raise NewSession()
+
+
+class SignInRequired(Exception):
+    """The viewer must sign in first, then come back to `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class NewSession(Exception):
+    """No authentication: the viewer gets a session (for CSRF) and comes back."""
+
+
+PageClient = Annotated[Client, Depends(client_of)]
+PageViewer = Annotated[Viewer, Depends(viewer_of)]
+
+
+def render(request: Request, viewer: Viewer, template: str, **context: Any) -> HTMLResponse:
+    """The page `template` for `viewer`, with what every page shows."""
+    return templates.TemplateResponse(
+        request,
+        template,
+        {
+            "viewer": viewer,
+            "may_trigger": viewer.may(Scope.trigger),
+            "may_admin": viewer.may(Scope.admin),
+            "csrf_field": CSRF_FIELD,
+            "prefix": PREFIX,
+            **context,
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def set_session(response: Response, value: str, request: Request) -> Response:
+    response.set_cookie(
+        COOKIE,
+        value,
+        max_age=SESSION_SEC,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=PREFIX,
+    )
+    return response
+
+
+def back_to(path: str) -> RedirectResponse:
+    """After an action: the page it was made from (303: a GET)."""
+    return RedirectResponse(path, status_code=303)

@@ -1,0 +1,170 @@
+"""Jobs: a filtered, paged list; a job with its facts, args, result and journal; cancel and
+retry."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from dataloader import JobPage
+from dataloader.base import JobStatus
+from dataloader.client import Client
+from dataloader.config import Scope
+from dataloader.core.models import JobEvent, JobState
+from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
+from dataloader.dashboard.sessions import CSRF_FIELD, Viewer
+from dataloader.exceptions import JobNotFound, NotRetryable
+
+router = APIRouter(prefix=PREFIX)
+
+#: Jobs a page of the list shows.
+PAGE_SIZE = 50
+#: The filters of the list, as its query parameters.
+FILTERS = ("queue", "status", "task", "lock_key", "partition_key")
+
+
+@dataclass(frozen=True, slots=True)
+class JobList:
+    """A page of jobs and the filters that chose it."""
+
+    filters: dict[str, str]
+    page: JobPage
+    error: str | None = None
+
+
+async def job_list_of(client: Client, filters: dict[str, str], cursor: str | None) -> JobList:
+    """The page of jobs matching `filters` (empty ones ignored) after `cursor`; a filter that
+    cannot be (an unknown status, a foreign cursor) is said, with no job."""
+    given = {name: value for name, value in filters.items() if value}
+    try:
+        page = await client.list(**given, limit=PAGE_SIZE, cursor=cursor or None)  # type: ignore[arg-type]
+    except ValueError as exc:
+        return JobList(given, JobPage([], None), str(exc))
+    return JobList(given, page)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job with all the dashboard shows of it."""
+
+    state: JobState
+    args: Any
+    partition_key: str | None
+    #: Its journal, oldest first, heartbeats folded into a count.
+    events: list[JobEvent]
+    heartbeats: int
+
+    @property
+    def cancellable(self) -> bool:
+        return not self.state.finished and not self.state.cancel_requested
+
+    @property
+    def retryable(self) -> bool:
+        return self.state.status in (JobStatus.FAILED, JobStatus.LOST, JobStatus.CANCELED)
+
+
+async def job_view_of(client: Client, job_id: uuid.UUID) -> JobView | None:
+    state = await client.get(job_id)
+    if state is None:
+        return None
+    args, partition_key = await client.args(job_id)
+    journal = await client.events(job_id)
+    events = [e for e in journal if e.kind != "heartbeat"]
+    return JobView(state, args, partition_key, events, len(journal) - len(events))
+
+
+@router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
+async def jobs(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    queue: str = "",
+    status: str = "",
+    task: str = "",
+    lock_key: str = "",
+    partition_key: str = "",
+    cursor: Annotated[str, Query()] = "",
+) -> HTMLResponse:
+    filters = {
+        "queue": queue,
+        "status": status,
+        "task": task,
+        "lock_key": lock_key,
+        "partition_key": partition_key,
+    }
+    listed = await job_list_of(client, filters, cursor)
+    return render(
+        request, viewer, "jobs.html", listed=listed, statuses=[s.value for s in JobStatus]
+    )
+
+
+@router.get("/jobs/find", include_in_schema=False)
+async def find(client: PageClient, viewer: PageViewer, q: str = "") -> RedirectResponse:
+    """A job by its id or idempotency key."""
+    wanted = q.strip()
+    job_id: uuid.UUID | None
+    try:
+        job_id = uuid.UUID(wanted)
+    except ValueError:
+        found = await client.find(wanted) if wanted else None
+        job_id = found.job_id if found is not None else None
+    if job_id is None:
+        return back_to(f"{PREFIX}/jobs?missing=1")
+    return back_to(f"{PREFIX}/jobs/{job_id}")
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+async def job(
+    request: Request, client: PageClient, viewer: PageViewer, job_id: str
+) -> HTMLResponse:
+    try:
+        view = await job_view_of(client, uuid.UUID(job_id))
+    except ValueError:
+        view = None
+    if view is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return render(request, viewer, "job.html", job=view)
+
+
+async def _act(request: Request, viewer: Viewer, csrf: str | None) -> None:
+    pages_of(request).sessions.check_action(request, viewer, csrf)
+    if not viewer.may(Scope.trigger):
+        raise HTTPException(403, "this token's scope is read: it changes nothing")
+
+
+@router.post("/jobs/{job_id}/cancel", include_in_schema=False)
+async def cancel(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    job_id: uuid.UUID,
+    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
+) -> RedirectResponse:
+    await _act(request, viewer, csrf_token)
+    try:
+        await client.acting_as(viewer.actor).cancel(job_id)
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+    return back_to(f"{PREFIX}/jobs/{job_id}")
+
+
+@router.post("/jobs/{job_id}/retry", include_in_schema=False)
+async def retry(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    job_id: uuid.UUID,
+    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
+) -> RedirectResponse:
+    await _act(request, viewer, csrf_token)
+    try:
+        await client.acting_as(viewer.actor).retry(job_id)
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+    except NotRetryable as exc:
+        raise HTTPException(409, str(exc)) from None
+    return back_to(f"{PREFIX}/jobs/{job_id}")

@@ -1,0 +1,166 @@
+"""The dashboard over HTTP (in-process): what each page shows for a given database state, and
+what a viewer may do; the browser's view is in test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import httpx
+import pytest
+
+from dataloader.dashboard.jobs import job_list_of, job_view_of
+from dataloader.dashboard.overview import overview_of
+
+from .conftest import Service, StartService
+
+READ = "read-token-0123456789abcdef"
+TRIGGER = "trigger-token-0123456789abcdef"
+TOKENS = [
+    {"name": "viewer", "scope": "read", "token": READ},
+    {"name": "etl", "scope": "trigger", "token": TRIGGER},
+]
+IDLE = "ui.idle"
+
+
+async def signed_in(service: Service, token: str | None = None) -> httpx.AsyncClient:
+    """A browser-like client of the service's dashboard, signed in with `token` (none: the
+    service has no tokens; the first page gives it a session)."""
+    client = httpx.AsyncClient(
+        transport=service.client._transport, base_url="http://dataloader.test"
+    )
+    if token is None:
+        assert (await client.get("/ui", follow_redirects=True)).status_code == 200
+    else:
+        answer = await client.post("/ui/signin", data={"token": token, "next": "/ui"})
+        assert answer.status_code == 303, answer.text
+    return client
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None, page
+    return found.group(1)
+
+
+async def test_the_pages_data_for_a_given_state(start_service: StartService) -> None:
+    service = await start_service(run_workers=False)
+    first = await service.trigger(queue=IDLE, task="ui.a", args={"day": "2026-01-01"})
+    await service.trigger(queue=IDLE, task="ui.b")
+    await service.trigger(queue="ui.other", task="ui.a")
+    client = service.dl
+
+    overview = await overview_of(client)
+    assert overview.queues == ["ui.idle", "ui.other"]
+    assert overview.status.queues[IDLE].ready == 2
+
+    listed = await job_list_of(client, {"queue": IDLE, "task": "ui.a", "status": ""}, None)
+    assert [str(j.job_id) for j in listed.page.jobs] == [first]
+    assert listed.filters == {"queue": IDLE, "task": "ui.a"}
+    wrong = await job_list_of(client, {"status": "bogus"}, None)
+    assert wrong.page.jobs == []
+    assert wrong.error is not None
+    assert "bogus" in wrong.error
+
+    view = await job_view_of(client, uuid.UUID(first))
+    assert view is not None
+    assert view.args == {"day": "2026-01-01"}
+    assert [e.kind for e in view.events] == ["queued"]
+    assert view.cancellable
+    assert not view.retryable
+    assert await job_view_of(client, uuid.uuid4()) is None
+
+
+async def test_every_page_answers_and_a_missing_job_is_a_404(start_service: StartService) -> None:
+    service = await start_service(run_workers=False)
+    job_id = await service.trigger(queue=IDLE, task="ui.a", idempotency_key="day-1")
+    browser = await signed_in(service)
+    for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/jobs?status=bogus"):
+        answer = await browser.get(path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-type"].startswith("text/html")
+    assert (await browser.get(f"/ui/jobs/{uuid.uuid4()}")).status_code == 404
+    assert (await browser.get("/ui/jobs/not-a-uuid")).status_code == 404
+    found = await browser.get("/ui/jobs/find", params={"q": "day-1"})
+    assert found.headers["location"] == f"/ui/jobs/{job_id}"
+    found = await browser.get("/ui/jobs/find", params={"q": job_id})
+    assert found.headers["location"] == f"/ui/jobs/{job_id}"
+    missing = await browser.get("/ui/jobs/find", params={"q": "nothing"})
+    assert missing.headers["location"] == "/ui/jobs?missing=1"
+    assert (await browser.get("/ui/static/htmx.min.js")).status_code == 200
+
+
+async def test_a_secret_in_args_is_masked_and_markup_escaped(start_service: StartService) -> None:
+    service = await start_service(run_workers=False)
+    job_id = await service.trigger(
+        queue=IDLE, task="ui.a", args={"password": "hunter2-secret", "html": "<b>bold</b>"}
+    )
+    page = (await (await signed_in(service)).get(f"/ui/jobs/{job_id}")).text
+    assert "hunter2-secret" not in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "<b>bold</b>" not in page
+
+
+async def test_an_action_needs_its_sessions_csrf_token_and_this_site(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False)
+    job_id = await service.trigger(queue=IDLE, task="ui.a")
+    browser = await signed_in(service)
+    page = (await browser.get(f"/ui/jobs/{job_id}")).text
+    cancel = f"/ui/jobs/{job_id}/cancel"
+    assert (await browser.post(cancel)).status_code == 403
+    assert (await browser.post(cancel, data={"csrf_token": "forged"})).status_code == 403
+    cross = await browser.post(
+        cancel, data={"csrf_token": csrf_of(page)}, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert cross.status_code == 403
+    elsewhere = await browser.post(
+        cancel, data={"csrf_token": csrf_of(page)}, headers={"Origin": "http://evil.test"}
+    )
+    assert elsewhere.status_code == 403
+    assert (await service.status(job_id))["status"] == "queued"  # nothing was written
+    done = await browser.post(cancel, data={"csrf_token": csrf_of(page)})
+    assert done.status_code == 303
+    assert (await service.status(job_id))["status"] == "canceled"
+
+
+@pytest.mark.parametrize("path", ["/ui", "/ui/jobs", "/ui/jobs/find?q=x"])
+async def test_with_tokens_a_viewer_signs_in_first(start_service: StartService, path: str) -> None:
+    service = await start_service(run_workers=False, api_tokens=TOKENS)
+    anonymous = httpx.AsyncClient(
+        transport=service.client._transport, base_url="http://dataloader.test"
+    )
+    answer = await anonymous.get(path)
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/ui/signin?next=")
+    wrong = await anonymous.post("/ui/signin", data={"token": "nope-0123456789abcdef"})
+    assert wrong.status_code == 401
+    assert "not one of DL_API_TOKENS" in wrong.text
+    # no open redirect: `next` stays within the dashboard
+    signed = await anonymous.post("/ui/signin", data={"token": READ, "next": "//evil.test/x"})
+    assert signed.headers["location"] == "/ui"
+    assert "HttpOnly" in signed.headers["set-cookie"]
+    assert "SameSite=strict" in signed.headers["set-cookie"]
+
+
+async def test_a_read_token_sees_and_changes_nothing_a_trigger_token_acts(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False, api_tokens=TOKENS)
+    service.client.headers["Authorization"] = f"Bearer {TRIGGER}"
+    job_id = await service.trigger(queue=IDLE, task="ui.a")
+    reader = await signed_in(service, READ)
+    page = (await reader.get(f"/ui/jobs/{job_id}")).text
+    assert "Cancel" not in page
+    refused = await reader.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_of(page)})
+    assert refused.status_code == 403
+    assert (await service.status(job_id))["status"] == "queued"
+
+    actor = await signed_in(service, TRIGGER)
+    page = (await actor.get(f"/ui/jobs/{job_id}")).text
+    assert "Cancel" in page
+    done = await actor.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_of(page)})
+    assert done.status_code == 303
+    events = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
+    assert [e["payload"]["by"] for e in events if e["kind"] == "canceled"] == ["token:etl"]

@@ -1,0 +1,129 @@
+"""The dashboard in a real browser (Debian's chromium, driven by Playwright) against a
+service running on 127.0.0.1: what an operator sees and does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from .browser import open_browser, require_chromium, screenshot
+from .procs import Launcher, ServiceProcess
+
+READ = "read-token-0123456789abcdef"
+ADMIN = "admin-token-0123456789abcdef"
+TOKENS = json.dumps(
+    [
+        {"name": "viewer", "scope": "read", "token": READ},
+        {"name": "ops", "scope": "admin", "token": ADMIN},
+    ]
+)
+#: A queue nobody serves: its jobs stay queued until canceled.
+IDLE = "ui.idle"
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    require_chromium()
+    async for opened in open_browser():
+        yield opened
+
+
+async def a_service(launcher: Launcher, dsn: str, **env: str) -> ServiceProcess:
+    service = launcher.start(dsn, DL_ALLOW_UNKNOWN_TASKS="true", **env)
+    await service.wait_healthy()
+    return service
+
+
+async def test_the_overview_shows_the_queues_and_the_live_process(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    await service.trigger(queue=IDLE, task="ui.nobody")
+    page = await browser.new_page()
+    await page.goto(f"{service.base_url}/ui")
+    await page.get_by_role("heading", name="Overview").wait_for()
+    row = page.get_by_role("row").filter(has_text=IDLE)
+    assert await row.count() == 1
+    assert await page.get_by_role("heading", name="Live processes").is_visible()
+    assert "has ready jobs and no live worker serves it" in await page.content()
+    await screenshot(page, "overview")
+
+
+async def test_a_job_whose_args_hold_a_script_shows_it_as_text(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    evil = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
+    job_id = await service.trigger(queue=IDLE, task="ui.nobody", args={"html": evil})
+    page = await browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    args = page.locator("#job-args")
+    assert evil in await args.inner_text()
+    assert await page.title() != "pwned"
+    assert dialogs == []
+    await screenshot(page, "job-with-script-args")
+
+
+async def test_cancel_a_queued_job_and_retry_a_failed_one(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    queued = await service.trigger(queue=IDLE, task="ui.nobody")
+    failed = await service.trigger(task="demo.fail", args={"fail_times": 1}, max_attempts=1)
+    await service.wait_status(failed, "failed")
+    page = await browser.new_page()
+
+    await page.goto(f"{service.base_url}/ui/jobs/{queued}")
+    await page.get_by_role("button", name="Cancel").click()
+    await page.locator("#job-status", has_text="canceled").wait_for()
+    assert (await service.status(queued))["status"] == "canceled"
+    await screenshot(page, "job-canceled")
+
+    await page.goto(f"{service.base_url}/ui/jobs/{failed}")
+    await page.get_by_role("button", name="Retry").click()
+    await page.locator(".timeline .kind", has_text="retried").wait_for()
+    journal = (await service.client.get(f"/api/v1/jobs/{failed}/events")).json()["events"]
+    assert [e["payload"]["by"] for e in journal if e["kind"] == "retried"] == ["api"]
+    await screenshot(page, "job-retried")
+
+
+async def test_a_read_token_sees_everything_and_changes_nothing_an_admin_acts(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn, DL_API_TOKENS=TOKENS)
+    service.client.headers["Authorization"] = f"Bearer {ADMIN}"
+    job_id = await service.trigger(queue=IDLE, task="ui.nobody")
+    context = await browser.new_context()
+    page = await context.new_page()
+
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    await page.get_by_label("API token").wait_for()  # sent to sign in first
+    await page.get_by_label("API token").fill("not-a-token-0123456789")
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("alert").wait_for()
+    await page.get_by_label("API token").fill(READ)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.locator("#job-status").wait_for()
+    assert await page.get_by_role("button", name="Cancel").count() == 0
+    cookies = await context.cookies()
+    [session] = [c for c in cookies if c["name"] == "dl_session"]
+    assert session["httpOnly"]
+    assert session["sameSite"] == "Strict"
+    assert READ not in session["value"]
+    await screenshot(page, "read-token-job")
+
+    await page.get_by_role("button", name="Sign out").click()
+    await page.get_by_label("API token").fill(ADMIN)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("heading", name="Overview").wait_for()
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    await page.get_by_role("button", name="Cancel").click()
+    await page.locator("#job-status", has_text="canceled").wait_for()
+    journal = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
+    [canceled] = [e for e in journal if e["kind"] == "canceled"]
+    assert canceled["payload"]["by"] == "token:ops"
