@@ -11,15 +11,18 @@ import pytest
 
 from dataloader.dashboard.jobs import job_list_of, job_view_of
 from dataloader.dashboard.overview import overview_of
+from dataloader.dashboard.queues import queue_view_of
 
 from .conftest import Service, StartService
 
 READ = "read-token-0123456789abcdef"
 TRIGGER = "trigger-token-0123456789abcdef"
+ADMIN = "admin-token-0123456789abcdef"
 TOKENS = [
     {"name": "viewer", "scope": "read", "token": READ},
     {"name": "etl", "scope": "trigger", "token": TRIGGER},
 ]
+ADMIN_TOKEN = {"name": "ops", "scope": "admin", "token": ADMIN}
 IDLE = "ui.idle"
 
 
@@ -164,3 +167,50 @@ async def test_a_read_token_sees_and_changes_nothing_a_trigger_token_acts(
     assert done.status_code == 303
     events = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
     assert [e["payload"]["by"] for e in events if e["kind"] == "canceled"] == ["token:etl"]
+
+
+async def test_a_queue_is_paused_and_resumed_by_an_admin_and_audited(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False, api_tokens=[*TOKENS, ADMIN_TOKEN])
+    service.client.headers["Authorization"] = f"Bearer {TRIGGER}"
+    await service.trigger(queue=IDLE, task="ui.a")
+
+    view = await queue_view_of(service.dl, IDLE)
+    assert view.stats is not None
+    assert (view.stats.ready, view.stats.paused, view.audit) == (1, False, [])
+
+    trigger = await signed_in(service, TRIGGER)
+    page = (await trigger.get(f"/ui/queues/{IDLE}")).text
+    assert "Pause" not in page  # pausing a queue takes admin, as in the API
+    refused = await trigger.post(f"/ui/queues/{IDLE}/pause", data={"csrf_token": csrf_of(page)})
+    assert refused.status_code == 403
+
+    admin = await signed_in(service, ADMIN)
+    page = (await admin.get(f"/ui/queues/{IDLE}")).text
+    paused = await admin.post(f"/ui/queues/{IDLE}/pause", data={"csrf_token": csrf_of(page)})
+    assert paused.status_code == 303
+    page = (await admin.get(f"/ui/queues/{IDLE}")).text
+    assert "Resume" in page
+    resumed = await admin.post(f"/ui/queues/{IDLE}/resume", data={"csrf_token": csrf_of(page)})
+    assert resumed.status_code == 303
+
+    view = await queue_view_of(service.dl, IDLE)
+    assert view.stats is not None
+    assert not view.stats.paused
+    assert [(e.kind, e.actor) for e in view.audit] == [
+        ("resumed", "token:ops"),
+        ("paused", "token:ops"),
+    ]
+    assert "token:ops" in (await admin.get(f"/ui/queues/{IDLE}")).text
+
+
+async def test_the_workers_and_cron_pages_show_the_live_processes_and_schedules(
+    start_service: StartService,
+) -> None:
+    service = await start_service(workers=[{"queue": IDLE, "concurrency": 3}])
+    browser = await signed_in(service)
+    page = (await browser.get("/ui/workers")).text
+    assert service.manager.worker_id in page
+    assert f"{IDLE}</a> (3)" in page
+    assert (await browser.get("/ui/cron")).status_code == 200

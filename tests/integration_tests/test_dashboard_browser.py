@@ -127,3 +127,20 @@ async def test_a_read_token_sees_everything_and_changes_nothing_an_admin_acts(
     journal = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
     [canceled] = [e for e in journal if e["kind"] == "canceled"]
     assert canceled["payload"]["by"] == "token:ops"
+
+
+async def test_pause_and_resume_a_queue(launcher: Launcher, db_dsn: str, browser: Any) -> None:
+    service = await a_service(launcher, db_dsn)
+    await service.trigger(queue=IDLE, task="ui.nobody")
+    page = await browser.new_page()
+    await page.goto(f"{service.base_url}/ui")
+    await page.get_by_role("link", name=IDLE).click()
+    await page.get_by_role("button", name="Pause").click()
+    await page.locator("#queue-state", has_text="Paused").wait_for()
+    queues = (await service.client.get("/api/v1/queues")).json()["queues"]
+    assert [q["paused"] for q in queues if q["queue"] == IDLE] == [True]
+    await screenshot(page, "queue-paused")
+    await page.get_by_role("button", name="Resume").click()
+    await page.locator("#queue-state", has_text="Running").wait_for()
+    audit = page.get_by_role("row").filter(has_text="paused")
+    assert await audit.count() == 1

@@ -1,0 +1,89 @@
+"""A queue: its jobs by state, its limits, pause and resume, and its audit log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from dataloader.client import Client
+from dataloader.config import Scope
+from dataloader.core.models import QueueStats
+from dataloader.core.queues import QueueEvent
+from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
+from dataloader.dashboard.sessions import CSRF_FIELD
+from dataloader.exceptions import InvalidJob
+
+router = APIRouter(prefix=PREFIX)
+
+#: Entries of the audit log a queue's page shows (the newest).
+AUDIT_SHOWN = 50
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """A queue as its page shows it."""
+
+    name: str
+    stats: QueueStats | None
+    #: Its audit log, newest first.
+    audit: list[QueueEvent]
+
+
+async def queue_view_of(client: Client, queue: str) -> QueueView:
+    """The queue `queue` (its statistics are None when it holds nothing and nobody serves
+    it: a queue exists as soon as it is named)."""
+    stats = (await client.stats(queue)).get(queue)
+    audit = await client.queue_events(queue)
+    return QueueView(queue, stats, audit[::-1][:AUDIT_SHOWN])
+
+
+@router.get("/queues/{queue}", response_class=HTMLResponse, include_in_schema=False)
+async def queue_page(
+    request: Request, client: PageClient, viewer: PageViewer, queue: str
+) -> HTMLResponse:
+    try:
+        view = await queue_view_of(client, queue)
+    except (InvalidJob, ValueError) as exc:
+        raise HTTPException(404, str(exc)) from None
+    return render(request, viewer, "queue.html", queue=view)
+
+
+async def _admin_action(request: Request, viewer: PageViewer, csrf: str | None) -> None:
+    pages_of(request).sessions.check_action(request, viewer, csrf)
+    if not viewer.may(Scope.admin):
+        raise HTTPException(403, f"this token's scope is {viewer.scope.name}; admin is needed")
+
+
+@router.post("/queues/{queue}/pause", include_in_schema=False)
+async def pause(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    queue: str,
+    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
+) -> RedirectResponse:
+    await _admin_action(request, viewer, csrf_token)
+    try:
+        await client.acting_as(viewer.actor).pause(queue)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return back_to(f"{PREFIX}/queues/{queue}")
+
+
+@router.post("/queues/{queue}/resume", include_in_schema=False)
+async def resume(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    queue: str,
+    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
+) -> RedirectResponse:
+    await _admin_action(request, viewer, csrf_token)
+    try:
+        await client.acting_as(viewer.actor).resume(queue)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return back_to(f"{PREFIX}/queues/{queue}")
