@@ -360,6 +360,11 @@ class Client:
         """The job's state (with its result, duration and worker), or None if there is none."""
         return await self._repo.get(_uuid(job_id))
 
+    async def get_many(self, job_ids: Iterable[uuid.UUID | str]) -> dict[uuid.UUID, JobState]:
+        """The states of several jobs in one read, by id (a job that does not exist is
+        missing)."""
+        return await self._repo.get_many([_uuid(job_id) for job_id in job_ids])
+
     async def find(self, idempotency_key: str) -> JobState | None:
         """The job holding `idempotency_key`, or None."""
         job_id = await self._repo.holder_of(idempotency_key)

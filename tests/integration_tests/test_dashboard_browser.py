@@ -144,3 +144,23 @@ async def test_pause_and_resume_a_queue(launcher: Launcher, db_dsn: str, browser
     await page.locator("#queue-state", has_text="Running").wait_for()
     audit = page.get_by_role("row").filter(has_text="paused")
     assert await audit.count() == 1
+
+
+async def test_a_running_jobs_progress_bar_advances_without_a_reload(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 6, "chunks": 12})
+    await service.wait_status(job_id, "running")
+    page = await browser.new_page()
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    bar = page.locator("#job-progress")
+    first = int(await bar.get_attribute("value") or 0)
+    await page.wait_for_function(
+        f"document.getElementById('job-progress').value > {first}", timeout=20_000
+    )
+    assert len(navigations) == 1  # the bar moved in place
+    await screenshot(page, "job-progress")
+    await page.locator("#job-status", has_text="succeeded").wait_for(timeout=30_000)

@@ -26,7 +26,6 @@ from dataloader.api.v1.service import JobsService
 from dataloader.api.v1.tasks import router as tasks_router
 from dataloader.config import Settings
 from dataloader.contract import ContractGuard, load_contract_file
-from dataloader.dashboard import install_dashboard
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
@@ -88,6 +87,10 @@ def create_app(
     app.include_router(tasks_router)
     app.include_router(processes_router)
     app.include_router(process_tasks_router)
+    # imported here: the dashboard signs in with the API's tokens (`api.auth`), and importing
+    # it at the top would import this package from itself
+    from dataloader.dashboard import install_dashboard
+
     install_dashboard(app, lambda: app.state.client, app.state.authenticator)
     return app
 

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from dataloader.api.auth import Authenticator
 from dataloader.client import Client
-from dataloader.dashboard import jobs, overview, queues, signin, system
+from dataloader.dashboard import jobs, live, overview, queues, signin, system
 from dataloader.dashboard.common import (
     HERE,
     PREFIX,
@@ -38,7 +38,15 @@ def install_dashboard(
     """Serve the dashboard on `app` at /ui, reading through `client()` (the service's
     client, once it is open), signing in with `authenticator`'s tokens."""
     app.state.dashboard = Pages(client, Sessions(authenticator, authenticator.key_material))
-    for page in (overview.router, jobs.router, queues.router, system.router, signin.router):
+    app.state.dashboard_live = live.JobWatch(client)
+    for page in (
+        overview.router,
+        jobs.router,
+        live.router,
+        queues.router,
+        system.router,
+        signin.router,
+    ):
         app.include_router(page)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
     app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]

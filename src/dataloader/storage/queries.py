@@ -154,6 +154,16 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
 FROM dl_jobs WHERE job_id = :job_id
 """)
 
+#: JOB_STATUS of several jobs at once (the dashboard's live views: one read for every job
+#: someone watches).
+JOB_STATUSES: Final = Statement("""
+SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
+       created_at, available_at, started_at, finished_at, heartbeat_at, error,
+       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
+FROM dl_jobs WHERE job_id = ANY(:job_ids::uuid[])
+""")
+
 #: What a page of jobs filters on: each filter, by name, is a condition over parameters of
 #: its own name. A statement holds only the conditions given (see `list_jobs`), so that the
 #: planner sees them all and picks its index: `(:x IS NULL OR col = :x)` in a prepared

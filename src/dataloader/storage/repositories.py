@@ -117,6 +117,12 @@ class JobRepository:
             row = await conn.fetchrow(*queries.JOB_STATUS.bind(job_id=job_id))
         return None if row is None else job_state(row)
 
+    async def get_many(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, JobState]:
+        """The states of those of `job_ids` that exist."""
+        async with self.connections.connection() as conn:
+            rows = await conn.fetch(*queries.JOB_STATUSES.bind(job_ids=list(job_ids)))
+        return {row["job_id"]: job_state(row) for row in rows}
+
     async def holder_of(self, idempotency_key: str) -> uuid.UUID | None:
         """The job holding `idempotency_key`, if any."""
         async with self.connections.connection() as conn:

@@ -1,0 +1,131 @@
+"""Live views: a job's status and progress pushed to every viewer of it (Server-Sent Events).
+
+One `JobWatch` per process serves every viewer: while anyone watches, it reads every watched
+job in one statement a second, and at once when one of them ends (the client's one LISTEN
+connection hears it), and hands each viewer the states that changed. So viewers cost the
+database one read a second whatever their number, not one each. A browser tab that is hidden
+closes its stream (static/dashboard.js) and opens it again when shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import StreamingResponse
+
+from dataloader.client import Client
+from dataloader.core.models import JobState
+from dataloader.dashboard.common import PREFIX, PageViewer, pages_of
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix=PREFIX)
+
+#: How often the watched jobs are read.
+READ_EVERY_SEC: Final = 1.0
+#: A comment line sent this often keeps proxies from closing a quiet stream.
+KEEPALIVE_SEC: Final = 15.0
+
+
+class JobWatch:
+    """Every viewer's live job views, fed by one reader."""
+
+    def __init__(self, client: Callable[[], Client]) -> None:
+        self._client = client
+        self._viewers: dict[uuid.UUID, set[asyncio.Queue[JobState]]] = {}
+        self._last: dict[uuid.UUID, JobState] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def watch(self, job_id: uuid.UUID) -> AsyncIterator[asyncio.Queue[JobState]]:
+        """The states of `job_id` as they change, starting with its state now."""
+        updates: asyncio.Queue[JobState] = asyncio.Queue(maxsize=16)
+        self._viewers.setdefault(job_id, set()).add(updates)
+        known = self._last.get(job_id)
+        if known is not None:
+            updates.put_nowait(known)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="dataloader-dashboard-live")
+        self._wake.set()
+        try:
+            yield updates
+        finally:
+            viewers = self._viewers.get(job_id)
+            if viewers is not None:
+                viewers.discard(updates)
+                if not viewers:
+                    del self._viewers[job_id]
+                    self._last.pop(job_id, None)
+
+    async def _read(self) -> None:
+        """Read the watched jobs while anyone watches; a failed read is retried (and logged)."""
+        while self._viewers:
+            self._wake.clear()
+            try:
+                states = await self._client().get_many(list(self._viewers))
+            except Exception as exc:  # the database may be away: the viewers wait
+                log.warning("reading the dashboard's watched jobs failed: %r", exc)
+                states = {}
+            for job_id, state in states.items():
+                if self._last.get(job_id) != state:
+                    self._last[job_id] = state
+                    for updates in self._viewers.get(job_id, ()):
+                        if updates.full():  # a slow viewer gets the latest state only
+                            updates.get_nowait()
+                        updates.put_nowait(state)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), READ_EVERY_SEC)
+
+
+def watch_of(request: Request) -> JobWatch:
+    watch: JobWatch = request.app.state.dashboard_live
+    return watch
+
+
+def event_of(state: JobState) -> str:
+    """One Server-Sent Event: what a job's page shows live."""
+    progress = state.progress or {}
+    data = {
+        "status": state.status.value,
+        "finished": state.finished,
+        "cancel_requested": state.cancel_requested,
+        "attempt": state.attempt,
+        "done": progress.get("done"),
+        "total": progress.get("total"),
+        "progress": progress,
+    }
+    return f"event: state\ndata: {json.dumps(data, default=str)}\n\n"
+
+
+@router.get("/jobs/{job_id}/live", include_in_schema=False)
+async def live_job(request: Request, viewer: PageViewer, job_id: uuid.UUID) -> StreamingResponse:
+    """The job's status and progress as they change, until it ends (text/event-stream)."""
+    client = pages_of(request).client()
+    if await client.get(job_id) is None:
+        raise HTTPException(404, f"no job {job_id}")
+    watch = watch_of(request)
+
+    async def stream() -> AsyncIterator[str]:
+        async with watch.watch(job_id) as updates:
+            while True:
+                try:
+                    state = await asyncio.wait_for(updates.get(), KEEPALIVE_SEC)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield event_of(state)
+                if state.finished:
+                    return
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
