@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
+import asyncpg
 import httpx
 import pytest
 
@@ -214,3 +215,26 @@ async def test_the_workers_and_cron_pages_show_the_live_processes_and_schedules(
     assert service.manager.worker_id in page
     assert f"{IDLE}</a> (3)" in page
     assert (await browser.get("/ui/cron")).status_code == 200
+
+
+async def test_a_job_behind_a_running_one_of_its_lock_key_says_which(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    # its workers serve another queue: nothing claims these jobs but the test
+    service = await start_service(workers=[{"queue": "ui.elsewhere", "concurrency": 2}])
+    holder = await service.trigger(queue=IDLE, task="ui.a", lock_key="shared")
+    waiting = await service.trigger(queue=IDLE, task="ui.a", lock_key="shared")
+    # the first job holds the key, as a running job of the key would
+    await conn.execute(
+        "UPDATE dl_jobs SET status = 'running', attempt = 1, lease_expires_at = now()"
+        " + interval '1 hour' WHERE job_id = $1",
+        uuid.UUID(holder),
+    )
+    view = await job_view_of(service.dl, uuid.UUID(waiting))
+    assert view is not None
+    texts = [r.text for r in view.waiting]
+    assert f"its lock_key 'shared' is held by job {holder}" in texts
+    assert f"no live process serves its queue '{IDLE}'" in texts
+    page = (await (await signed_in(service)).get(f"/ui/jobs/{waiting}")).text
+    assert "Why is this job not running?" in page
+    assert f'href="/ui/jobs/{holder}"' in page

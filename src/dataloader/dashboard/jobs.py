@@ -4,7 +4,8 @@ retry."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request
@@ -15,6 +16,7 @@ from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import JobEvent, JobState
+from dataloader.core.waiting import Reason, why_not_running
 from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
 from dataloader.dashboard.sessions import CSRF_FIELD, Viewer
 from dataloader.exceptions import JobNotFound, NotRetryable
@@ -57,6 +59,8 @@ class JobView:
     #: Its journal, oldest first, heartbeats folded into a count.
     events: list[JobEvent]
     heartbeats: int
+    #: Why it is not running (a queued job only).
+    waiting: list[Reason] = field(default_factory=list)
 
     @property
     def cancellable(self) -> bool:
@@ -74,7 +78,36 @@ async def job_view_of(client: Client, job_id: uuid.UUID) -> JobView | None:
     args, partition_key = await client.args(job_id)
     journal = await client.events(job_id)
     events = [e for e in journal if e.kind != "heartbeat"]
-    return JobView(state, args, partition_key, events, len(journal) - len(events))
+    waiting = await why_waiting(client, state, partition_key)
+    return JobView(state, args, partition_key, events, len(journal) - len(events), waiting)
+
+
+async def why_waiting(client: Client, job: JobState, partition_key: str | None) -> list[Reason]:
+    """Why the queued `job` is not running, from what the client reads now."""
+    if job.status is not JobStatus.QUEUED:
+        return []
+    queue = (await client.stats(job.queue)).get(job.queue)
+    running = await client.list(lock_key=job.lock_key, status=JobStatus.RUNNING, limit=1)
+    workers = await client.workers()
+    per_partition = None if queue is None else queue.limits.max_running_per_partition
+    partition_running = None
+    if partition_key is not None and per_partition is not None:
+        page = await client.list(
+            queue=job.queue,
+            partition_key=partition_key,
+            status=JobStatus.RUNNING,
+            limit=min(per_partition, 1000),
+        )
+        partition_running = len(page.jobs)
+    return why_not_running(
+        job,
+        now=datetime.now(UTC),
+        queue=queue,
+        holder=running.jobs[0] if running.jobs else None,
+        served_queues={queue for w in workers for queue in w.queues},
+        known_tasks={task for w in workers for task in w.tasks},
+        partition_running=partition_running,
+    )
 
 
 @router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
