@@ -13,6 +13,7 @@ import pytest
 from dataloader.dashboard.jobs import job_list_of, job_view_of
 from dataloader.dashboard.overview import overview_of
 from dataloader.dashboard.queues import queue_view_of
+from tests.orders import registry as orders
 
 from .conftest import Service, StartService
 
@@ -238,3 +239,38 @@ async def test_a_job_behind_a_running_one_of_its_lock_key_says_which(
     page = (await (await signed_in(service)).get(f"/ui/jobs/{waiting}")).text
     assert "Why is this job not running?" in page
     assert f'href="/ui/jobs/{holder}"' in page
+
+
+async def test_a_process_is_listed_shown_called_and_removed(start_service: StartService) -> None:
+    service = await start_service(
+        tasks=orders.copy(), workers=[{"queue": "orders", "concurrency": 2}]
+    )
+    await service.dl.processes.start("orders", "o/1", {"total": 10})
+    browser = await signed_in(service)
+
+    listed = (await browser.get("/ui/processes", params={"namespace": "orders"})).text
+    assert ">o/1</a>" in listed
+    assert "timeout at" in listed
+    page = (await browser.get("/ui/processes/orders/o/1")).text
+    assert "awaiting_payment" in page
+    assert "#1" in page  # its history
+
+    called = await browser.post(
+        "/ui/process-actions/call/orders/o/1",
+        data={"args": '{"pay": 10}', "csrf_token": csrf_of(page)},
+    )
+    assert called.status_code == 303
+    page = (await browser.get(called.headers["location"])).text
+    assert "call: {&#34;state&#34;: &#34;paid&#34;}" in page
+    assert (await service.dl.processes.get("orders", "o/1")).aux_state["state"] == "paid"  # type: ignore[union-attr]
+
+    bad = await browser.post(
+        "/ui/process-actions/call/orders/o/1", data={"args": "{", "csrf_token": csrf_of(page)}
+    )
+    assert bad.status_code == 400
+    removed = await browser.post(
+        "/ui/process-actions/remove/orders/o/1", data={"csrf_token": csrf_of(page)}
+    )
+    assert removed.status_code == 303
+    assert await service.dl.processes.get("orders", "o/1") is None
+    assert (await browser.get("/ui/processes/orders/o/1")).status_code == 404

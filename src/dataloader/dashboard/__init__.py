@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from dataloader.api.auth import Authenticator
 from dataloader.client import Client
-from dataloader.dashboard import jobs, live, overview, queues, signin, system
+from dataloader.dashboard import jobs, live, overview, processes, queues, signin, system
 from dataloader.dashboard.common import (
     HERE,
     PREFIX,
@@ -44,6 +44,7 @@ def install_dashboard(
         jobs.router,
         live.router,
         queues.router,
+        processes.router,
         system.router,
         signin.router,
     ):
