@@ -274,3 +274,34 @@ async def test_a_process_is_listed_shown_called_and_removed(start_service: Start
     assert removed.status_code == 303
     assert await service.dl.processes.get("orders", "o/1") is None
     assert (await browser.get("/ui/processes/orders/o/1")).status_code == 404
+
+
+async def test_jobs_matching_a_filter_are_counted_then_canceled_in_bulk(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False)
+    doomed = [await service.trigger(queue=IDLE, task="ui.doomed") for _ in range(3)]
+    kept = await service.trigger(queue=IDLE, task="ui.kept")
+    browser = await signed_in(service)
+    listed = (await browser.get("/ui/jobs", params={"task": "ui.doomed"})).text
+    assert "Cancel all matching" in listed
+
+    confirm = await browser.get("/ui/jobs-bulk/cancel", params={"task": "ui.doomed"})
+    assert confirm.status_code == 200
+    assert "<strong>3</strong> job(s) match" in confirm.text
+    assert (await browser.get("/ui/jobs-bulk/cancel")).status_code == 400  # no filter: no
+    done = await browser.post(
+        "/ui/jobs-bulk/cancel?task=ui.doomed", data={"csrf_token": csrf_of(confirm.text)}
+    )
+    assert done.status_code == 303
+    assert "canceled+3+of+3" in done.headers["location"]
+    for job_id in doomed:
+        assert (await service.status(job_id))["status"] == "canceled"
+    assert (await service.status(kept))["status"] == "queued"
+
+    retry = await browser.get("/ui/jobs-bulk/retry", params={"task": "ui.doomed"})
+    done = await browser.post(
+        "/ui/jobs-bulk/retry?task=ui.doomed", data={"csrf_token": csrf_of(retry.text)}
+    )
+    assert "retried+3+of+3" in done.headers["location"]
+    assert {(await service.status(j))["status"] for j in doomed} == {"queued"}

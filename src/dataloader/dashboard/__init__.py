@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from dataloader.api.auth import Authenticator
 from dataloader.client import Client
-from dataloader.dashboard import jobs, live, overview, processes, queues, signin, system
+from dataloader.dashboard import bulk, jobs, live, overview, processes, queues, signin, system
 from dataloader.dashboard.common import (
     HERE,
     PREFIX,
@@ -42,6 +42,7 @@ def install_dashboard(
     for page in (
         overview.router,
         jobs.router,
+        bulk.router,
         live.router,
         queues.router,
         processes.router,
