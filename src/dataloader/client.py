@@ -43,7 +43,7 @@ from dataloader.core.models import (
     NewJob,
     QueueStats,
 )
-from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings
+from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, ThroughputPoint
 from dataloader.core.routing import KnownTasks, check_route
 from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
 from dataloader.health import MaintenanceState, SystemStatus, maintenance_state, system_status
@@ -428,6 +428,18 @@ class Client:
         health, and the warnings they call for."""
         reading = await read_status(self._admin, self._presence, self._maintenance)
         return system_status(reading, self.settings)
+
+    async def throughput(
+        self, *, span_sec: int = 3600, step_sec: int = 60, queue: str | None = None
+    ) -> builtins.list[ThroughputPoint]:
+        """Attempts ended per outcome (succeeded, failed, retried, canceled, lost) in each
+        `step_sec` of the last `span_sec` seconds (a day at most: older counts are pruned),
+        every queue together or `queue`'s; steps without any are left out."""
+        if not 10 <= step_sec <= span_sec <= 86_400:
+            raise ValueError("throughput: 10 <= step_sec <= span_sec <= 86400")
+        return await self._admin.throughput_series(
+            span_sec, step_sec, None if queue is None else _name("queue", queue)
+        )
 
     async def workers(self) -> builtins.list[LiveWorker]:
         """The live worker processes: host, pid, version, the queues they serve with their

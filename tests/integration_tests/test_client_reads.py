@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+import pytest
+
 from dataloader import Client
 from dataloader.health import MaintenanceState, SystemStatus
 from dataloader.storage.maintenance import MAINTENANCE_LEASE
@@ -81,3 +84,25 @@ async def test_workers_maintenance_and_known_tasks_read_the_live_processes(
     assert "demo.noop" in known.tasks()
     assert "reads.unknown" not in known.tasks()
     assert SERVED in known.served
+
+
+async def test_throughput_is_a_series_of_ended_attempts_per_step(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service = await start_service(run_workers=False)
+    await conn.execute(
+        "INSERT INTO dl_queue_throughput (queue, bucket, kind, n) VALUES"
+        " ('a', date_trunc('minute', now()) - interval '2 minutes', 'done', 5),"
+        " ('b', date_trunc('minute', now()) - interval '2 minutes', 'failed', 1),"
+        " ('a', date_trunc('minute', now()) - interval '2 hours', 'done', 7)"
+    )
+    series = await service.dl.throughput(span_sec=3600, step_sec=60)
+    assert [(p.succeeded, p.failed) for p in series] == [(5, 1)]
+    day = await service.dl.throughput(span_sec=86_400, step_sec=3600)
+    assert sum(p.succeeded for p in day) == 12
+    only_b = await service.dl.throughput(span_sec=3600, step_sec=60, queue="b")
+    assert [(p.succeeded, p.failed) for p in only_b] == [(0, 1)]
+    with pytest.raises(ValueError, match="step_sec"):
+        await service.dl.throughput(span_sec=60, step_sec=3600)
+    page = (await service.client.get("/ui", follow_redirects=True)).text
+    assert "5 succeeded" in page

@@ -3,7 +3,7 @@ throughput. No I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -111,3 +111,31 @@ def throughput_of(counts: Mapping[tuple[str, int], int]) -> list[Throughput]:
                 by_outcome[outcome] = by_outcome.get(outcome, 0) + n
         windows.append(Throughput(window, **by_outcome))
     return windows
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputPoint:
+    """The attempts ended from `at` on, for one step of a throughput series, by outcome."""
+
+    at: datetime
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    canceled: int = 0
+    lost: int = 0
+
+    @property
+    def ended(self) -> int:
+        return self.succeeded + self.failed + self.canceled + self.lost
+
+
+def series_of(rows: Iterable[tuple[datetime, str, int]]) -> list[ThroughputPoint]:
+    """Points of a throughput series from (step's start, journal kind, attempts), oldest
+    first; a kind that is no outcome (a heartbeat) is left out."""
+    by_step: dict[datetime, dict[str, int]] = {}
+    for at, kind, n in rows:
+        outcome = THROUGHPUT_KINDS.get(kind)
+        if outcome is not None:
+            counts = by_step.setdefault(at, {})
+            counts[outcome] = counts.get(outcome, 0) + n
+    return [ThroughputPoint(at, **counts) for at, counts in sorted(by_step.items())]

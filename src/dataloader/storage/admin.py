@@ -15,6 +15,8 @@ from dataloader.core.queues import (
     QueueLimits,
     QueueSettings,
     Throughput,
+    ThroughputPoint,
+    series_of,
     throughput_of,
 )
 from dataloader.storage import processes, queries
@@ -32,6 +34,16 @@ class AdminStore:
 
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
+
+    async def throughput_series(
+        self, span_sec: int, step_sec: int, queue: str | None = None
+    ) -> list[ThroughputPoint]:
+        """Attempts ended per outcome in each `step_sec` of the last `span_sec` seconds."""
+        async with self._connections.connection() as conn:
+            rows = await conn.fetch(
+                *queries.THROUGHPUT_SERIES.bind(span_sec=span_sec, step_sec=step_sec, queue=queue)
+            )
+        return series_of((row["at"], row["kind"], row["n"]) for row in rows)
 
     async def processes_in_error(self) -> dict[str, int]:
         """{namespace: its live durable processes in error}, PROCESSES_IN_ERROR_LOOKED_AT

@@ -1447,6 +1447,20 @@ WHERE bucket > now() - interval '3600 seconds' AND (queue = :queue::text OR :que
 GROUP BY queue, kind
 """)
 
+#: Attempts ended per journal kind in each `step_sec` of the last `span_sec` seconds (every
+#: queue together, or `queue`'s), oldest first: the throughput buckets (10 s each, a day's
+#: kept), never the jobs.
+THROUGHPUT_SERIES: Final = Statement("""
+SELECT to_timestamp(floor(EXTRACT(EPOCH FROM bucket) / :step_sec::float8) * :step_sec::float8)
+           AS at,
+       kind, sum(n)::bigint AS n
+FROM dl_queue_throughput
+WHERE bucket > now() - make_interval(secs => :span_sec::float8)
+  AND (queue = :queue::text OR :queue::text IS NULL)
+GROUP BY 1, 2
+ORDER BY 1
+""")
+
 # --- maintenance: leases, runs, pruning ----------------------------------------------------
 
 #: Take or renew the lease `name` for `holder` until `ttl_sec` from now: renewed if `holder`
