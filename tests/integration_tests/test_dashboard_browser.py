@@ -164,3 +164,18 @@ async def test_a_running_jobs_progress_bar_advances_without_a_reload(
     assert len(navigations) == 1  # the bar moved in place
     await screenshot(page, "job-progress")
     await page.locator("#job-status", has_text="succeeded").wait_for(timeout=30_000)
+
+
+async def test_the_overview_follows_the_queues_without_a_reload_and_fits_a_phone(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    page = await browser.new_page(viewport={"width": 375, "height": 740})
+    await page.goto(f"{service.base_url}/ui")
+    await page.get_by_role("heading", name="Overview").wait_for()
+    assert await page.get_by_role("row").filter(has_text="ui.later").count() == 0
+    await service.trigger(queue="ui.later", task="ui.nobody")
+    await page.get_by_role("row").filter(has_text="ui.later").wait_for(timeout=20_000)
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 375  # the wide tables scroll inside their box, not the page
+    await screenshot(page, "overview-375px")

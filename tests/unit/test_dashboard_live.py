@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from dataloader.base import JobStatus
 from dataloader.core.models import JobState
-from dataloader.dashboard.live import JobWatch, event_of
+from dataloader.dashboard.live import JobWatch, SystemWatch, event_of, sse
 
 NOW = datetime(2026, 11, 26, tzinfo=UTC)
 
@@ -69,3 +69,31 @@ def test_an_event_carries_what_the_page_shows_live() -> None:
     assert '"total": 10' in event
     assert '"status": "running"' in event
     assert '"finished": false' in event
+
+
+async def test_overview_viewers_share_one_read_and_one_rendering() -> None:
+    reads: list[int] = []
+
+    class Status:
+        async def status(self) -> str:
+            reads.append(1)
+            return f"status {len(reads)}"
+
+    rendered: list[str] = []
+
+    def render(status: object) -> str:
+        rendered.append(str(status))
+        return f"<p>{status}</p>"
+
+    watch = SystemWatch(lambda: Status(), render)  # type: ignore[arg-type,return-value]
+    async with watch.watch() as first, watch.watch() as second:
+        a, b = await first.get(), await second.get()
+        assert a == b == "<p>status 1</p>"
+        assert reads == [1]  # two viewers, one read, one rendering
+        assert rendered == ["status 1"]
+
+
+def test_an_event_of_several_lines_keeps_each_line() -> None:
+    assert sse("system", "<p>a</p>\n<p>b</p>") == (
+        "event: system\ndata: <p>a</p>\ndata: <p>b</p>\n\n"
+    )

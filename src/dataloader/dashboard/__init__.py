@@ -25,6 +25,7 @@ from dataloader.dashboard.common import (
     Pages,
     SignInRequired,
     pages_of,
+    render_system,
     set_session,
 )
 from dataloader.dashboard.sessions import Sessions
@@ -39,6 +40,7 @@ def install_dashboard(
     client, once it is open), signing in with `authenticator`'s tokens."""
     app.state.dashboard = Pages(client, Sessions(authenticator, authenticator.key_material))
     app.state.dashboard_live = live.JobWatch(client)
+    app.state.dashboard_system = live.SystemWatch(client, render_system)
     for page in (
         overview.router,
         jobs.router,

@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD, SESSION_SEC, Sessions, Viewer
+from dataloader.health import SystemStatus
 from dataloader.logger.utils import mask_mapping
 
 #: Where the dashboard is served.
@@ -114,6 +115,11 @@ def render(request: Request, viewer: Viewer, template: str, **context: Any) -> H
         },
         headers={"Cache-Control": "no-store"},
     )
+
+
+def render_system(status: SystemStatus) -> str:
+    """The overview's warnings and queues (`_system.html`): the same for every viewer."""
+    return templates.get_template("_system.html").render(status=status, prefix=PREFIX)
 
 
 def set_session(response: Response, value: str, request: Request) -> Response:

@@ -23,12 +23,15 @@ from fastapi.responses import StreamingResponse
 from dataloader.client import Client
 from dataloader.core.models import JobState
 from dataloader.dashboard.common import PREFIX, PageViewer, pages_of
+from dataloader.health import SystemStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix=PREFIX)
 
 #: How often the watched jobs are read.
 READ_EVERY_SEC: Final = 1.0
+#: How often the overview is read while anyone watches it.
+SYSTEM_EVERY_SEC: Final = 2.0
 #: A comment line sent this often keeps proxies from closing a quiet stream.
 KEEPALIVE_SEC: Final = 15.0
 
@@ -84,6 +87,51 @@ class JobWatch:
                 await asyncio.wait_for(self._wake.wait(), READ_EVERY_SEC)
 
 
+class SystemWatch:
+    """Every viewer's live overview, fed by one reader: while anyone watches, the whole
+    system's status (`Client.status`: an index range per queue, whatever the jobs' number)
+    is read every SYSTEM_EVERY_SEC, rendered once, and handed to each viewer when it
+    changed."""
+
+    def __init__(self, client: Callable[[], Client], render: Callable[[SystemStatus], str]):
+        self._client = client
+        self._render = render
+        self._viewers: set[asyncio.Queue[str]] = set()
+        self._last: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def watch(self) -> AsyncIterator[asyncio.Queue[str]]:
+        """The overview's fragment each time it changes."""
+        updates: asyncio.Queue[str] = asyncio.Queue(maxsize=4)
+        self._viewers.add(updates)
+        if self._last is not None:
+            updates.put_nowait(self._last)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="dataloader-dashboard-system")
+        try:
+            yield updates
+        finally:
+            self._viewers.discard(updates)
+            if not self._viewers:
+                self._last = None
+
+    async def _read(self) -> None:
+        while self._viewers:
+            try:
+                html = self._render(await self._client().status())
+            except Exception as exc:  # the database may be away: the viewers wait
+                log.warning("reading the dashboard's overview failed: %r", exc)
+                html = None
+            if html is not None and html != self._last:
+                self._last = html
+                for updates in list(self._viewers):
+                    if updates.full():
+                        updates.get_nowait()
+                    updates.put_nowait(html)
+            await asyncio.sleep(SYSTEM_EVERY_SEC)
+
+
 def watch_of(request: Request) -> JobWatch:
     watch: JobWatch = request.app.state.dashboard_live
     return watch
@@ -101,7 +149,31 @@ def event_of(state: JobState) -> str:
         "total": progress.get("total"),
         "progress": progress,
     }
-    return f"event: state\ndata: {json.dumps(data, default=str)}\n\n"
+    return sse("state", json.dumps(data, default=str))
+
+
+def sse(event: str, data: str) -> str:
+    """One Server-Sent Event named `event` carrying `data` (one `data:` line per line)."""
+    lines = "".join(f"data: {line}\n" for line in data.splitlines() or [""])
+    return f"event: {event}\n{lines}\n"
+
+
+@router.get("/live/system", include_in_schema=False)
+async def live_system(request: Request, viewer: PageViewer) -> StreamingResponse:
+    """The overview's warnings and queues as they change (text/event-stream)."""
+    watch: SystemWatch = request.app.state.dashboard_system
+
+    async def stream() -> AsyncIterator[str]:
+        async with watch.watch() as updates:
+            while True:
+                try:
+                    html = await asyncio.wait_for(updates.get(), KEEPALIVE_SEC)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield sse("system", html)
+
+    return _streaming(stream())
 
 
 @router.get("/jobs/{job_id}/live", include_in_schema=False)
@@ -124,8 +196,12 @@ async def live_job(request: Request, viewer: PageViewer, job_id: uuid.UUID) -> S
                 if state.finished:
                     return
 
+    return _streaming(stream())
+
+
+def _streaming(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(
-        stream(),
+        events,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

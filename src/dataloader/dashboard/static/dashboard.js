@@ -1,41 +1,57 @@
-// dataloader's dashboard: a job's page follows the job live (Server-Sent Events), and stops
-// following it while the tab is hidden.
+// dataloader's dashboard: a job's page follows the job, and the overview the queues, live
+// (Server-Sent Events); a hidden tab stops following and starts again when shown.
 (function () {
   "use strict";
-  var live = document.querySelector("[data-live]");
-  if (!live) return;
-  var source = null;
-  var status = document.getElementById("job-status");
-  var bar = document.getElementById("job-progress");
-  var counts = document.getElementById("job-progress-text");
+  var streams = [];
 
-  function show(state) {
-    status.textContent = state.status;
-    status.className = "status " + state.status;
-    if (state.total !== null && state.total !== undefined && state.done !== null && state.done !== undefined) {
-      bar.max = state.total;
-      bar.value = state.done;
-      bar.hidden = false;
-      counts.textContent = state.done + "/" + state.total;
-    }
-    if (state.finished) {
-      stop();
-      window.location.reload(); // the result, the error and the whole journal
-    }
+  function follow(url, event, handle) {
+    var stream = { source: null };
+    stream.start = function () {
+      if (stream.source) return;
+      stream.source = new EventSource(url);
+      stream.source.addEventListener(event, function (e) { handle(e.data, stream); });
+    };
+    stream.stop = function () {
+      if (stream.source) { stream.source.close(); stream.source = null; }
+    };
+    streams.push(stream);
+    return stream;
   }
 
-  function start() {
-    if (source) return;
-    source = new EventSource(live.getAttribute("data-live"));
-    source.addEventListener("state", function (event) { show(JSON.parse(event.data)); });
+  var job = document.querySelector("[data-live]");
+  if (job) {
+    var status = document.getElementById("job-status");
+    var bar = document.getElementById("job-progress");
+    var counts = document.getElementById("job-progress-text");
+    follow(job.getAttribute("data-live"), "state", function (data, stream) {
+      var state = JSON.parse(data);
+      status.textContent = state.status;
+      status.className = "status " + state.status;
+      if (state.total !== null && state.total !== undefined &&
+          state.done !== null && state.done !== undefined) {
+        bar.max = state.total;
+        bar.value = state.done;
+        bar.hidden = false;
+        counts.textContent = state.done + "/" + state.total;
+      }
+      if (state.finished) {
+        stream.stop();
+        streams.splice(streams.indexOf(stream), 1);
+        window.location.reload(); // the result, the error and the whole journal
+      }
+    });
   }
 
-  function stop() {
-    if (source) { source.close(); source = null; }
+  var system = document.querySelector("[data-live-system]");
+  if (system) {
+    // the server renders the fragment (escaped like every page) for all viewers at once
+    follow(system.getAttribute("data-live-system"), "system", function (html) {
+      system.innerHTML = html;
+    });
   }
 
   document.addEventListener("visibilitychange", function () {
-    if (document.hidden) { stop(); } else { start(); }
+    streams.forEach(function (s) { if (document.hidden) { s.stop(); } else { s.start(); } });
   });
-  if (!document.hidden) start();
+  if (!document.hidden) streams.forEach(function (s) { s.start(); });
 })();
