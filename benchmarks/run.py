@@ -935,9 +935,9 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
 async def retention(b: Bench) -> dict[str, Any]:
     """Beside 10,000,000 finished jobs (a tenth of them 40 days old, failed ones among them,
     20 tasks, one in 100,000 of a rare task and partition_key), and 10,000 queued:
-    `GET /status`, `GET /api/v1/queues` and pages of `GET /api/v1/jobs` with the filters an
-    operator gives (medians of 20 calls each); then the pruner deletes the old ones (1,000 per
-    statement) and its rate is timed."""
+    `GET /status`, `GET /api/v1/queues`, pages of `GET /api/v1/jobs` with the filters an
+    operator gives, and the dashboard's pages (medians of 20 calls each); then the pruner
+    deletes the old ones (1,000 per statement) and its rate is timed."""
     finished, old, queued = b.n(10_000_000), b.n(1_000_000), b.n(10_000)
     await b.sql(
         "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key, status, attempt,"
@@ -956,6 +956,8 @@ async def retention(b: Bench) -> dict[str, Any]:
     await b.sql("VACUUM ANALYZE dl_jobs")
     settings = b.settings(prune_succeeded_after_sec=30 * 86_400, prune_failed_after_sec=30 * 86_400)
     app = create_app(settings, run_workers=False)
+    queued_job = await b.sql("SELECT job_id FROM dl_jobs WHERE status = 'queued' LIMIT 1")
+    failed_job = await b.sql("SELECT job_id FROM dl_jobs WHERE status = 'failed' LIMIT 1")
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as http,
@@ -965,6 +967,8 @@ async def retention(b: Bench) -> dict[str, Any]:
             response = await http.get(url)
             if response.status_code != 200:
                 raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
+
+        await http.get("/ui", follow_redirects=True)  # the dashboard's session, once
 
         timings = {
             f"{name}_ms": await _time_ms(lambda url=url: get(url), 20)
@@ -979,6 +983,17 @@ async def retention(b: Bench) -> dict[str, Any]:
                 ("jobs_task_failed", "/api/v1/jobs?task=t5&status=failed&limit=100"),
                 ("jobs_rare_partition", "/api/v1/jobs?partition_key=rare&limit=100"),
                 ("jobs_absent_partition", "/api/v1/jobs?partition_key=none&limit=100"),
+                # the dashboard's pages, each rendered whole
+                ("ui_overview", "/ui"),
+                ("ui_jobs", "/ui/jobs"),
+                ("ui_jobs_queue_failed", "/ui/jobs?queue=q3&status=failed"),
+                ("ui_jobs_rare_task", "/ui/jobs?task=rare"),
+                ("ui_queued_job", f"/ui/jobs/{queued_job}"),
+                ("ui_failed_job", f"/ui/jobs/{failed_job}"),
+                ("ui_queue", "/ui/queues/q3"),
+                ("ui_workers", "/ui/workers"),
+                ("ui_cron", "/ui/cron"),
+                ("ui_processes", "/ui/processes"),
             )
         }
         store = MaintenanceStore(GuardedPool(app.state.app_context.pool, 60))
