@@ -12,7 +12,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from dataloader.client import MAX_BULK, Client
 from dataloader.config import Scope
-from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
+from dataloader.dashboard.common import (
+    PREFIX,
+    PageClient,
+    PageViewer,
+    authorize_action,
+    back_to,
+    render,
+)
 from dataloader.dashboard.jobs import FILTERS
 from dataloader.dashboard.sessions import CSRF_FIELD
 
@@ -77,9 +84,7 @@ async def change(
     """Cancel or retry the jobs the filter (in the query) matches, MAX_BULK at most."""
     if action not in ACTIONS:
         raise HTTPException(404, f"no bulk {action!r}")
-    pages_of(request).sessions.check_action(request, viewer, csrf_token)
-    if not viewer.may(Scope.trigger):
-        raise HTTPException(403, "this token's scope is read: it changes nothing")
+    authorize_action(request, viewer, csrf_token, Scope.trigger)
     filters = {k: v for k, v in _filters(request).items() if v}
     acting = client.acting_as(viewer.actor)
     bulk = acting.cancel_many if action == "cancel" else acting.retry_many

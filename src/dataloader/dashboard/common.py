@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -98,6 +98,16 @@ class NewSession(Exception):
 
 PageClient = Annotated[Client, Depends(client_of)]
 PageViewer = Annotated[Viewer, Depends(viewer_of)]
+
+
+def authorize_action(request: Request, viewer: Viewer, csrf: str | None, scope: Scope) -> None:
+    """403 unless the action comes from this site with the session's CSRF token, and the
+    viewer's scope is at least `scope` (as the API asks of the same change)."""
+    pages_of(request).sessions.check_action(request, viewer, csrf)
+    if not viewer.may(scope):
+        raise HTTPException(
+            403, f"this token's scope is {viewer.scope.name}; {scope.name} is needed"
+        )
 
 
 def render(request: Request, viewer: Viewer, template: str, **context: Any) -> HTMLResponse:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -17,8 +17,15 @@ from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import JobEvent, JobState
 from dataloader.core.waiting import Reason, why_not_running
-from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
-from dataloader.dashboard.sessions import CSRF_FIELD, Viewer
+from dataloader.dashboard.common import (
+    PREFIX,
+    PageClient,
+    PageViewer,
+    authorize_action,
+    back_to,
+    render,
+)
+from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import JobNotFound, NotRetryable
 
 router = APIRouter(prefix=PREFIX)
@@ -163,39 +170,20 @@ async def job(
     return render(request, viewer, "job.html", job=view)
 
 
-async def _act(request: Request, viewer: Viewer, csrf: str | None) -> None:
-    pages_of(request).sessions.check_action(request, viewer, csrf)
-    if not viewer.may(Scope.trigger):
-        raise HTTPException(403, "this token's scope is read: it changes nothing")
-
-
-@router.post("/jobs/{job_id}/cancel", include_in_schema=False)
-async def cancel(
+@router.post("/jobs/{job_id}/{action}", include_in_schema=False)
+async def act(
     request: Request,
     client: PageClient,
     viewer: PageViewer,
     job_id: uuid.UUID,
+    action: Literal["cancel", "retry"],
     csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
 ) -> RedirectResponse:
-    await _act(request, viewer, csrf_token)
+    """Cancel or retry the job (scope trigger, as in the API), then show it again."""
+    authorize_action(request, viewer, csrf_token, Scope.trigger)
+    acting = client.acting_as(viewer.actor)
     try:
-        await client.acting_as(viewer.actor).cancel(job_id)
-    except JobNotFound:
-        raise HTTPException(404, f"no job {job_id}") from None
-    return back_to(f"{PREFIX}/jobs/{job_id}")
-
-
-@router.post("/jobs/{job_id}/retry", include_in_schema=False)
-async def retry(
-    request: Request,
-    client: PageClient,
-    viewer: PageViewer,
-    job_id: uuid.UUID,
-    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
-) -> RedirectResponse:
-    await _act(request, viewer, csrf_token)
-    try:
-        await client.acting_as(viewer.actor).retry(job_id)
+        await (acting.cancel if action == "cancel" else acting.retry)(job_id)
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
     except NotRetryable as exc:

@@ -14,8 +14,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.processes import Event, Process, ProcessStatus
-from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
-from dataloader.dashboard.sessions import CSRF_FIELD, Viewer
+from dataloader.dashboard.common import (
+    PREFIX,
+    PageClient,
+    PageViewer,
+    authorize_action,
+    back_to,
+    render,
+)
+from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import (
     InvalidJob,
     ProcessConflict,
@@ -108,14 +115,6 @@ async def process_page(
     return render(request, viewer, "process.html", view=view, said=said)
 
 
-async def _act(request: Request, viewer: Viewer, csrf: str | None, scope: Scope) -> None:
-    pages_of(request).sessions.check_action(request, viewer, csrf)
-    if not viewer.may(scope):
-        raise HTTPException(
-            403, f"this token's scope is {viewer.scope.name}; {scope.name} is needed"
-        )
-
-
 def _args(text: str) -> Any:
     if not text.strip():
         return None
@@ -141,7 +140,7 @@ async def act(
     needed = {"call": Scope.trigger, "repair": Scope.admin, "remove": Scope.admin}.get(action)
     if needed is None:
         raise HTTPException(404, f"no action {action!r}")
-    await _act(request, viewer, csrf_token, needed)
+    authorize_action(request, viewer, csrf_token, needed)
     acting = client.acting_as(viewer.actor).processes
     try:
         if action == "remove":

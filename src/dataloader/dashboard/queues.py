@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -12,7 +12,14 @@ from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import QueueStats
 from dataloader.core.queues import QueueEvent
-from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, back_to, pages_of, render
+from dataloader.dashboard.common import (
+    PREFIX,
+    PageClient,
+    PageViewer,
+    authorize_action,
+    back_to,
+    render,
+)
 from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import InvalidJob
 
@@ -51,39 +58,20 @@ async def queue_page(
     return render(request, viewer, "queue.html", queue=view)
 
 
-async def _admin_action(request: Request, viewer: PageViewer, csrf: str | None) -> None:
-    pages_of(request).sessions.check_action(request, viewer, csrf)
-    if not viewer.may(Scope.admin):
-        raise HTTPException(403, f"this token's scope is {viewer.scope.name}; admin is needed")
-
-
-@router.post("/queues/{queue}/pause", include_in_schema=False)
-async def pause(
+@router.post("/queues/{queue}/{action}", include_in_schema=False)
+async def act(
     request: Request,
     client: PageClient,
     viewer: PageViewer,
     queue: str,
+    action: Literal["pause", "resume"],
     csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
 ) -> RedirectResponse:
-    await _admin_action(request, viewer, csrf_token)
+    """Pause or resume the queue (scope admin, as in the API), then show it again."""
+    authorize_action(request, viewer, csrf_token, Scope.admin)
+    acting = client.acting_as(viewer.actor)
     try:
-        await client.acting_as(viewer.actor).pause(queue)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
-    return back_to(f"{PREFIX}/queues/{queue}")
-
-
-@router.post("/queues/{queue}/resume", include_in_schema=False)
-async def resume(
-    request: Request,
-    client: PageClient,
-    viewer: PageViewer,
-    queue: str,
-    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
-) -> RedirectResponse:
-    await _admin_action(request, viewer, csrf_token)
-    try:
-        await client.acting_as(viewer.actor).resume(queue)
+        await (acting.pause if action == "pause" else acting.resume)(queue)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return back_to(f"{PREFIX}/queues/{queue}")
