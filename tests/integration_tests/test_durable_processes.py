@@ -44,6 +44,7 @@ from dataloader.storage.db import create_pool
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.processes import StepSave
 from dataloader.storage.protocol import WorkerProtocol
+from dataloader.workers import processes as worker_processes
 from tests.orders import registry as orders_registry
 
 from .conftest import Service, StartService, wait_until
@@ -246,6 +247,32 @@ async def test_a_step_that_outruns_its_timeout_is_a_zombie(dl: Client) -> None:
     assert process.detail == ZOMBIE_DETAIL
     assert process.corrupted_by == failed.value.task_id
     assert process.timer is None
+
+
+async def test_a_step_whose_process_cannot_be_read_runs_again_and_is_no_zombie(
+    dl: Client, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database goes away as a step reads its process: nothing of the step ran, so the
+    task goes back to the queue with its attempt refunded, and runs once it is back."""
+    await dl.processes.start("steered", "p")
+    real = worker_processes.step_input
+    cut: list[uuid.UUID] = []
+
+    async def cut_once(*args: Any) -> Any:
+        if not cut:
+            cut.append(args[3])
+            raise ConnectionResetError("the server restarted")
+        return await real(*args)
+
+    monkeypatch.setattr(worker_processes, "step_input", cut_once)
+    assert await dl.processes.call("steered", "p", {"x": 1}) == {"kind": "call", "seen": 1}
+    process = await dl.processes.get("steered", "p")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+    [task] = cut
+    kinds = [e.kind for e in await dl.events(task) if e.kind != "heartbeat"]
+    assert kinds == ["queued", "picked", "requeue", "picked", "done"]
+    assert (await dl.get(task)).attempt == 1  # type: ignore[union-attr]  # refunded
 
 
 async def test_a_call_with_an_idempotency_key_is_one_task(

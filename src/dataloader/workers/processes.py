@@ -55,6 +55,7 @@ from dataloader.core.retry import Linear, delay_of
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.exceptions import NonRetryableError, Retry, TaskTimeout
 from dataloader.storage.connections import Connections
+from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.processes import StepInput, StepSave, step_input
 from dataloader.tasks import Task
 from dataloader.workers.executor import cut_short, error_text, start_call, within_timeout
@@ -89,9 +90,18 @@ class ProcessSteps:
             args = TaskArgs.of_job(job.args)
         except ValueError as exc:
             return Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
-        async with self._connections.connection() as conn:
-            found = await step_input(
-                conn, args.process_ref, namespace.history, job.job_id, job.lock_key
+        try:
+            async with self._connections.connection() as conn:
+                found = await step_input(
+                    conn, args.process_ref, namespace.history, job.job_id, job.lock_key
+                )
+        except CONNECTION_ERRORS as exc:
+            # nothing of the step ran: back to the queue with the attempt refunded (a second
+            # attempt would be taken for a zombie's)
+            return Outcome(
+                Ended.HANDED_BACK,
+                f"the process could not be read ({exc!r}); the step did not run",
+                refund=True,
             )
         if found is not None and found.busy:
             # claimed beside another task of its process, whose save is not in yet: back to
