@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from dataloader import metrics
@@ -226,7 +226,7 @@ class Processes:
         # finds when it runs (`core.processes.before_step`), as it would a moment later
         async with (
             self._client._connections.connection() as conn,
-            conn.transaction() if kind is TaskKind.INIT else _untransacted(),
+            conn.transaction() if kind is TaskKind.INIT else contextlib.nullcontext(),
         ):
             if kind is TaskKind.INIT:
                 metadata_json = _checked("metadata", _metadata_json, metadata)
@@ -381,11 +381,6 @@ def _process_of_key(lock_key: str) -> tuple[str, str]:
     """The namespace and id whose tasks share `lock_key` (see `core.processes.lock_key_of`)."""
     namespace, process_id = json.loads(lock_key[len(TASK_PREFIX) :])
     return namespace, process_id
-
-
-@contextlib.asynccontextmanager
-async def _untransacted() -> AsyncIterator[None]:
-    yield
 
 
 def _json(value: Any) -> str:

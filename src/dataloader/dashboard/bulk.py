@@ -20,7 +20,7 @@ from dataloader.dashboard.common import (
     back_to,
     render,
 )
-from dataloader.dashboard.jobs import FILTERS
+from dataloader.dashboard.jobs import FILTERS, filters_of
 from dataloader.dashboard.sessions import CSRF_FIELD
 
 router = APIRouter(prefix=PREFIX)
@@ -52,10 +52,6 @@ async def matching_of(client: Client, filters: dict[str, str]) -> Matching:
     return Matching(given, MAX_BULK, more=True)
 
 
-def _filters(request: Request) -> dict[str, str]:
-    return {name: request.query_params.get(name, "") for name in FILTERS}
-
-
 @router.get("/jobs-bulk/{action}", response_class=HTMLResponse, include_in_schema=False)
 async def confirm(
     request: Request, client: PageClient, viewer: PageViewer, action: str
@@ -63,7 +59,7 @@ async def confirm(
     """What the change would touch, to confirm."""
     if action not in ACTIONS:
         raise HTTPException(404, f"no bulk {action!r}")
-    filters = {k: v for k, v in _filters(request).items() if v}
+    filters = {k: v for k, v in filters_of(request).items() if v}
     if not filters:
         raise HTTPException(400, "filter the jobs first: a bulk change of every job is refused")
     try:
@@ -85,7 +81,7 @@ async def change(
     if action not in ACTIONS:
         raise HTTPException(404, f"no bulk {action!r}")
     authorize_action(request, viewer, csrf_token, Scope.trigger)
-    filters = {k: v for k, v in _filters(request).items() if v}
+    filters = {k: v for k, v in filters_of(request).items() if v}
     acting = client.acting_as(viewer.actor)
     bulk = acting.cancel_many if action == "cancel" else acting.retry_many
     try:

@@ -117,25 +117,20 @@ async def why_waiting(client: Client, job: JobState, partition_key: str | None) 
     )
 
 
+def filters_of(request: Request) -> dict[str, str]:
+    """The list's filters as the query gives them (`FILTERS`; absent ones empty)."""
+    return {name: request.query_params.get(name, "") for name in FILTERS}
+
+
 @router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
 async def jobs(
     request: Request,
     client: PageClient,
     viewer: PageViewer,
-    queue: str = "",
-    status: str = "",
-    task: str = "",
-    lock_key: str = "",
-    partition_key: str = "",
     cursor: Annotated[str, Query()] = "",
 ) -> HTMLResponse:
-    filters = {
-        "queue": queue,
-        "status": status,
-        "task": task,
-        "lock_key": lock_key,
-        "partition_key": partition_key,
-    }
+    """Jobs filtered by the query's `FILTERS`, newest first, a page after `cursor`."""
+    filters = filters_of(request)
     listed = await job_list_of(client, filters, cursor)
     return render(
         request, viewer, "jobs.html", listed=listed, statuses=[s.value for s in JobStatus]
