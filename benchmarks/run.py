@@ -934,18 +934,20 @@ async def queue_stats(b: Bench) -> dict[str, Any]:
 @phase("retention")
 async def retention(b: Bench) -> dict[str, Any]:
     """Beside 10,000,000 finished jobs (a tenth of them 40 days old, failed ones among them,
-    20 tasks, one in 100,000 of a rare task and partition_key), and 10,000 queued:
+    20 tasks, one in 100,000 of a rare task and partition_key, args of a number and one of 20
+    sources), and 10,000 queued:
     `GET /status`, `GET /api/v1/queues`, pages of `GET /api/v1/jobs` with the filters an
     operator gives, and the dashboard's pages (medians of 20 calls each); then the pruner
     deletes the old ones (1,000 per statement) and its rate is timed."""
     finished, old, queued = b.n(10_000_000), b.n(1_000_000), b.n(10_000)
     await b.sql(
         "INSERT INTO dl_jobs (job_id, queue, task, lock_key, partition_key, status, attempt,"
-        " created_at, started_at, finished_at)"
+        " created_at, started_at, finished_at, args)"
         " SELECT gen_random_uuid(), 'q' || (i % 10),"
         " CASE WHEN i % 100000 = 7 THEN 'rare' ELSE 't' || (i % 20) END, 'done-' || i,"
         " CASE WHEN i % 100000 = 7 THEN 'rare' ELSE '' END,"
-        " CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, 1, at, at, at"
+        " CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END::dl_status, 1, at, at, at,"
+        " jsonb_build_object('n', i, 'source', 's' || (i % 20))"
         " FROM generate_series(1, $1::int) AS i,"
         " LATERAL (SELECT now() - make_interval(days => CASE WHEN i <= $2 THEN 40 ELSE 1 END)"
         "          - make_interval(secs => i % 86400) AS at) AS t",
@@ -983,11 +985,16 @@ async def retention(b: Bench) -> dict[str, Any]:
                 ("jobs_task_failed", "/api/v1/jobs?task=t5&status=failed&limit=100"),
                 ("jobs_rare_partition", "/api/v1/jobs?partition_key=rare&limit=100"),
                 ("jobs_absent_partition", "/api/v1/jobs?partition_key=none&limit=100"),
+                ("jobs_args_one", '/api/v1/jobs?args={"n":4242}&limit=100'),
+                ("jobs_args_common", '/api/v1/jobs?args={"source":"s7"}&limit=100'),
+                ("jobs_args_none", '/api/v1/jobs?args={"n":-1}&limit=100'),
                 # the dashboard's pages, each rendered whole
                 ("ui_overview", "/ui"),
                 ("ui_jobs", "/ui/jobs"),
                 ("ui_jobs_queue_failed", "/ui/jobs?queue=q3&status=failed"),
                 ("ui_jobs_rare_task", "/ui/jobs?task=rare"),
+                ("ui_jobs_args_one", '/ui/jobs?args={"n":4242}'),
+                ("ui_jobs_args_common", '/ui/jobs?args={"source":"s7"}'),
                 ("ui_queued_job", f"/ui/jobs/{queued_job}"),
                 ("ui_failed_job", f"/ui/jobs/{failed_job}"),
                 ("ui_queue", "/ui/queues/q3"),

@@ -390,14 +390,17 @@ class Client:
         created_until: datetime | None = None,
         finished_from: datetime | None = None,
         finished_until: datetime | None = None,
+        args: dict[str, Any] | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
     ) -> JobPage:
         """A page of jobs, newest first (by `created_at`), of those matching every filter
-        given (`…_from` inclusive, `…_until` exclusive); pass `page.next_cursor` as `cursor`
-        for the next page (None: this is the last). Pages follow each other by keyset: jobs
-        enqueued meanwhile never shift them. ValueError for a limit outside 1…1000, an unknown
-        status, a time without an offset, or a cursor this list did not make."""
+        given (`…_from` inclusive, `…_until` exclusive; `args`: a JSON object, or its text,
+        that the job's args contain, e.g. `{"day": "2026-01-01"}`); pass `page.next_cursor` as
+        `cursor` for the next page (None: this is the last). Pages follow each other by
+        keyset: jobs enqueued meanwhile never shift them. ValueError for a limit outside
+        1…1000, an unknown status, a time without an offset, args that are not a JSON object
+        naming a key, or a cursor this list did not make."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise ValueError(f"limit must be an integer between 1 and 1000, not {limit!r}")
         where = JobFilter(
@@ -410,6 +413,7 @@ class Client:
             created_until=created_until,
             finished_from=finished_from,
             finished_until=finished_until,
+            args=args,
         )
         return await self._repo.list(where, limit, cursor)
 
@@ -654,8 +658,8 @@ class Client:
 
     async def cancel_many(self, *, limit: int = 1000, **where: Any) -> BulkResult:
         """Cancel the jobs matching every filter given (those of `list`: queue, status, task,
-        lock_key, partition_key, created_/finished_ ranges; at least one), newest first, up to
-        `limit` (1…10,000) of them, each as `cancel` would. `BulkResult(matched, changed,
+        lock_key, partition_key, created_/finished_ ranges, args; at least one), newest first,
+        up to `limit` (1…10,000) of them, each as `cancel` would. `BulkResult(matched, changed,
         more)`: `more` says that more jobs match; a filter on a status the change leaves
         (`status="queued"`) lets a next call go on where this one stopped."""
         return await self._repo.cancel_matching(_bulk_filter(where), _bulk_limit(limit))

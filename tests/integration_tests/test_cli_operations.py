@@ -222,6 +222,16 @@ async def test_jobs_takes_filters(cli: Cli, client: Client) -> None:
     assert (await cli("jobs", "--status", "lost")).stdout.strip() == "no jobs"
 
 
+async def test_jobs_and_a_bulk_change_find_jobs_by_args(cli: Cli, client: Client) -> None:
+    wanted = await client.enqueue("demo.noop", {"day": "d1", "n": 1}, queue="etl", lock_key="a")
+    await client.enqueue("demo.noop", {"day": "d2"}, queue="etl", lock_key="b")
+    listed = await cli.json("jobs", "--args", '{"day": "d1"}')
+    assert [job["job_id"] for job in listed["jobs"]] == [str(wanted.job_id)]
+    canceled = await cli.json("cancel", "--args", '{"day": "d1"}')
+    assert canceled["changed"] == [str(wanted.job_id)]
+    assert "args: not valid JSON" in failed_in_one_line(await cli("jobs", "--args", "day"), 2)
+
+
 async def test_a_cursor_that_no_list_made_is_one_line(cli: Cli) -> None:
     assert "cursor" in failed_in_one_line(await cli("jobs", "--cursor", "garbage"), 2)
 

@@ -566,6 +566,30 @@ async def test_list_applies_each_filter(client: Client, conn: asyncpg.Connection
     assert await ids(queue="nowhere") == []
 
 
+async def test_list_finds_jobs_whose_args_contain_the_object_given(client: Client) -> None:
+    day1 = await client.enqueue(
+        "t.a", {"day": "2026-01-01", "ids": [1, 2], "src": {"db": "x"}}, queue="q", lock_key="k1"
+    )
+    day2 = await client.enqueue(
+        "t.a", {"day": "2026-01-02", "ids": [2, 3]}, queue="q", lock_key="k2"
+    )
+    await client.enqueue("t.a", {}, queue="q", lock_key="k3")
+    # nested elsewhere: no match
+    await client.enqueue("t.a", {"other": {"day": "2026-01-01"}}, queue="q", lock_key="k4")
+
+    async def ids(args: Any, **filters: Any) -> list[uuid.UUID]:
+        return [job.job_id for job in (await client.list(args=args, **filters)).jobs]
+
+    assert await ids({"day": "2026-01-01"}) == [day1.job_id]
+    assert await ids('{"day": "2026-01-02"}') == [day2.job_id]  # JSON text, as a query gives it
+    assert await ids({"ids": [2]}) == [day2.job_id, day1.job_id]  # an array holding 2
+    assert await ids({"ids": [1, 2]}) == [day1.job_id]
+    assert await ids({"src": {"db": "x"}}) == [day1.job_id]
+    assert await ids({"day": "2026-01-01", "ids": [3]}) == []  # every key must match
+    assert await ids({"day": "2026-01-01"}, task="t.b") == []  # with the other filters
+    assert await ids({"day": 20260101}) == []  # a number is not a string
+
+
 async def test_list_pages_through_every_job_once_newest_first(
     client: Client, conn: asyncpg.Connection
 ) -> None:
@@ -608,6 +632,14 @@ async def test_list_pages_through_every_job_once_newest_first(
         ({"limit": 1001}, "between 1 and 1000"),
         ({"limit": "10"}, "between 1 and 1000"),
         ({"status": "sleeping"}, "status must be one of queued"),
+        ({"args": {}}, "args: must name at least one key"),
+        ({"args": "{}"}, "args: must name at least one key"),
+        ({"args": "[1]"}, "args: must be a JSON object"),
+        ({"args": "{day"}, "args: not valid JSON"),
+        ({"args": "[" * 5000 + "]" * 5000}, "args: must be at most 8000 bytes"),
+        ({"args": "[" * 3000 + "]" * 3000}, "args: nested deeper than 64"),
+        ({"args": {"x": "a\x00b"}}, "args: must not contain NUL"),
+        ({"args": {"x": "y" * 8000}}, "args: must be at most 8000 bytes"),
     ],
 )
 async def test_list_refuses_bad_input(client: Client, filters: dict[str, Any], words: str) -> None:

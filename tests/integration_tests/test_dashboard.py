@@ -66,6 +66,18 @@ async def test_the_pages_data_for_a_given_state(start_service: StartService) -> 
     assert wrong.page.jobs == []
     assert wrong.error is not None
     assert "bogus" in wrong.error
+    by_args = await job_list_of(client, {"args": '{"day": "2026-01-01"}'}, None)
+    assert [str(j.job_id) for j in by_args.page.jobs] == [first]
+    not_json = await job_list_of(client, {"args": "day=2026-01-01"}, None)
+    assert not_json.error is not None
+    assert "args: not valid JSON" in not_json.error
+    later = await job_list_of(client, {"created_from": "2999-01-01T00:00"}, None)
+    assert later.page.jobs == []
+    assert later.error is None
+    since = await job_list_of(client, {"created_from": "2000-01-01T00:00", "task": "ui.b"}, None)
+    assert len(since.page.jobs) == 1
+    not_time = await job_list_of(client, {"created_until": "yesterday"}, None)
+    assert not_time.error == "created_until: not a date and time like 2026-01-31T09:30"
 
     view = await job_view_of(client, uuid.UUID(first))
     assert view is not None
@@ -304,4 +316,15 @@ async def test_jobs_matching_a_filter_are_counted_then_canceled_in_bulk(
         "/ui/jobs-bulk/retry?task=ui.doomed", data={"csrf_token": csrf_of(retry.text)}
     )
     assert "retried+3+of+3" in done.headers["location"]
+    assert {(await service.status(j))["status"] for j in doomed} == {"queued"}
+
+    by_args = {"args": '{"batch": 7}'}
+    picked = await service.trigger(queue=IDLE, task="ui.doomed", args={"batch": 7, "i": 1})
+    confirm = await browser.get("/ui/jobs-bulk/cancel", params=by_args)
+    assert "<strong>1</strong> job(s) match" in confirm.text
+    done = await browser.post(
+        "/ui/jobs-bulk/cancel", params=by_args, data={"csrf_token": csrf_of(confirm.text)}
+    )
+    assert "canceled+1+of+1" in done.headers["location"]
+    assert (await service.status(picked))["status"] == "canceled"
     assert {(await service.status(j))["status"] for j in doomed} == {"queued"}

@@ -92,6 +92,25 @@ async def test_cancel_a_queued_job_and_retry_a_failed_one(
     await screenshot(page, "job-retried")
 
 
+async def test_filter_jobs_by_args(launcher: Launcher, db_dsn: str, browser: Any) -> None:
+    service = await a_service(launcher, db_dsn)
+    wanted = await service.trigger(queue=IDLE, task="ui.load", args={"day": "2026-01-01", "n": 1})
+    await service.trigger(queue=IDLE, task="ui.load", args={"day": "2026-01-02", "n": 2})
+    page = await browser.new_page()
+    await page.goto(f"{service.base_url}/ui/jobs")
+    await page.get_by_label("args contain").fill('{"day": "2026-01-01"}')
+    await page.get_by_role("button", name="Filter").click()
+    await page.wait_for_url("**/ui/jobs?*args=*")
+    rows = page.locator("tbody tr")
+    assert await rows.count() == 1
+    assert wanted in await rows.first.inner_text()
+    await screenshot(page, "jobs-filtered-by-args")
+
+    await page.get_by_label("args contain").fill("day=2026-01-01")
+    await page.get_by_role("button", name="Filter").click()
+    await page.get_by_role("alert").filter(has_text="args: not valid JSON").wait_for()
+
+
 async def test_a_read_token_sees_everything_and_changes_nothing_an_admin_acts(
     launcher: Launcher, db_dsn: str, browser: Any
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -40,6 +41,12 @@ CONSUMER_GROUP = four_byte_text(limits.NAME_MAX_CHARS, seed=105)
 SCHEDULE = four_byte_text(limits.NAME_MAX_CHARS, seed=106)
 LOCK_KEY = four_byte_text(limits.KEY_MAX_CHARS, seed=107)
 PARTITION_KEY = four_byte_text(limits.KEY_MAX_CHARS, seed=108)
+
+
+#: A value searched for in args, as long as a search of args takes (the JSON around it aside).
+ARGS_VALUE = four_byte_text(limits.ARGS_FILTER_MAX_BYTES // 4 - 10, seed=109)
+#: Args far larger than any index entry: the args index holds hashes of them.
+LARGE_ARGS = {"blob": four_byte_text(250_000, seed=110), "k": ARGS_VALUE}
 
 
 def idempotency_key(n: int) -> str:
@@ -148,7 +155,7 @@ async def test_every_text_field_at_its_limit_lives_a_whole_job_life(
         )
     ).job_id
     plain = (
-        await service.dl.enqueue(TASK, {}, idempotency_key=idempotency_key(2), **fields)
+        await service.dl.enqueue(TASK, LARGE_ARGS, idempotency_key=idempotency_key(2), **fields)
     ).job_id
 
     # a schedule at its limits enqueues its slot's job
@@ -219,6 +226,14 @@ async def test_every_text_field_at_its_limit_lives_a_whole_job_life(
         assert {uuid.UUID(j["job_id"]) for j in response.json()["jobs"]} == expected, name
         page = await service.dl.list(**{name: value})
         assert {job.job_id for job in page.jobs} == expected, name
+    # found by its args, from the args index, over HTTP and from the library
+    by_args = {"k": ARGS_VALUE}
+    assert len(limits.args_json(by_args).encode()) > limits.ARGS_FILTER_MAX_BYTES - 50
+    as_text = json.dumps(by_args, ensure_ascii=False)
+    response = await service.client.get("/api/v1/jobs", params={"args": as_text})
+    assert response.status_code == 200, response.text
+    assert [j["job_id"] for j in response.json()["jobs"]] == [str(plain)]
+    assert [job.job_id for job in (await service.dl.list(args=by_args)).jobs] == [plain]
     stats = (await service.dl.stats(QUEUE))[QUEUE]
     assert (stats.ready, stats.running) == (0, 0)
 

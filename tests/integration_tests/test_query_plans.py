@@ -240,6 +240,7 @@ LIST_VALUES: dict[str, Any] = {
     "created_until": datetime(2036, 1, 1, tzinfo=UTC),
     "finished_from": datetime(2026, 1, 1, tzinfo=UTC),
     "finished_until": datetime(2036, 1, 1, tzinfo=UTC),
+    "args": '{"n": 7}',
 }
 
 
@@ -325,6 +326,25 @@ async def test_a_rare_task_or_partition_key_is_listed_from_its_own_index(
         plan = await plan_of(conn, *statement.bind(**{column: "rare"}, limit=101))
         assert index in plan, plan
         assert "Sort" not in plan, plan
+    finally:
+        await conn.close()
+
+
+async def test_a_search_by_args_reads_the_args_index(db_dsn: str) -> None:
+    """Jobs whose args contain an object few jobs' args do: found from the args index, not by
+    walking every job newest first for matches that may never come."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, args, status, finished_at)"
+            " SELECT gen_random_uuid(), 'q', 't', 'key-' || i,"
+            " jsonb_build_object('n', i, 'day', '2026-01-' || (i % 28 + 10)), 'succeeded', now()"
+            " FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        statement = queries.list_jobs(frozenset({"args"}))
+        plan = await plan_of(conn, *statement.bind(args='{"n": 4242}', limit=101))
+        assert "ix_dl_jobs_args" in plan, plan
     finally:
         await conn.close()
 

@@ -196,6 +196,13 @@ StatusFilter = Annotated[JobStatus | None, typer.Option(help="Only jobs in this 
 TaskFilter = Annotated[str | None, typer.Option(help="Only this task's jobs.")]
 LockKeyFilter = Annotated[str | None, typer.Option(help="Only jobs of this lock key.")]
 PartitionKeyFilter = Annotated[str | None, typer.Option(help="Only jobs of this partition key.")]
+ArgsFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--args",
+        help='Only jobs whose args contain this JSON object, e.g. \'{"day": "2026-01-01"}\'.',
+    ),
+]
 
 
 def jobs(
@@ -204,6 +211,7 @@ def jobs(
     task: TaskFilter = None,
     lock_key: LockKeyFilter = None,
     partition_key: PartitionKeyFilter = None,
+    args: ArgsFilter = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs at most.")] = 50,
     cursor: Annotated[
         str | None, typer.Option(help="The next page: the cursor the page before printed.")
@@ -222,6 +230,7 @@ def jobs(
         "task": task,
         "lock_key": lock_key,
         "partition_key": partition_key,
+        "args": args,
     }
     run(_jobs(operator_settings(), filters, limit, cursor, as_json))
 
@@ -345,11 +354,12 @@ def _job_change(
         task: TaskFilter = None,
         lock_key: LockKeyFilter = None,
         partition_key: PartitionKeyFilter = None,
+        args: ArgsFilter = None,
         limit: BulkLimit = None,
         actor: ActorOption = CLI_ACTOR,
         as_json: JsonOption = False,
     ) -> None:
-        filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, limit)
+        filters = _bulk_filters(job_id, queue, status, task, lock_key, partition_key, args, limit)
         settings = operator_settings()
         if job_id is not None:
             run(_change(settings, actor, lambda client: one(client, job_id), as_json))
@@ -398,6 +408,7 @@ def _bulk_filters(
     task: str | None,
     lock_key: str | None,
     partition_key: str | None,
+    args: str | None,
     limit: int | None,
 ) -> dict[str, Any]:
     """The filters of a change by filter (with its limit, if given); ends the command (exit
@@ -410,6 +421,7 @@ def _bulk_filters(
             ("task", task),
             ("lock_key", lock_key),
             ("partition_key", partition_key),
+            ("args", args),
         )
         if value is not None
     }
@@ -418,7 +430,7 @@ def _bulk_filters(
     if job_id is None and not filters:
         fail(
             "give a JOB_ID, or at least one filter (--queue, --status, --task, --lock-key,"
-            " --partition-key): a change of every job is not offered",
+            " --partition-key, --args): a change of every job is not offered",
             ExitCode.USAGE,
         )
     return filters if limit is None else {**filters, "limit": limit}

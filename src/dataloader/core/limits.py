@@ -54,6 +54,10 @@ ARGS_MAX_DEPTH: Final = 64
 #: generators (see `api.openapi`). GeoJSON's deepest coordinates need 4.
 ARGS_MAX_ARRAY_NESTING: Final = 6
 
+#: Byte budget of the JSON object a list of jobs searches args by (containment): the index
+#: holds hashes of args' paths, so this bounds only the work of one search.
+ARGS_FILTER_MAX_BYTES: Final = 8000
+
 #: JSON Schema spelling of "no NUL character" (the surrogate rule cannot be spelt in one).
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
 
@@ -185,6 +189,27 @@ def check_args(args: object) -> dict[str, Any]:
     args_json(args)
     assert isinstance(args, dict)  # args_json refuses anything else
     return args
+
+
+def check_args_filter(value: object) -> dict[str, Any]:
+    """What a list of jobs searches args by: a JSON object `args_json` accepts, naming at
+    least one key (`{}` is in every job's args: it would search nothing), at most
+    ARGS_FILTER_MAX_BYTES of JSON; given as text (a query parameter), it is parsed first."""
+    given = value if isinstance(value, str) else args_json(value)
+    if len(given.encode()) > ARGS_FILTER_MAX_BYTES:
+        raise ValueError(f"must be at most {ARGS_FILTER_MAX_BYTES} bytes of JSON")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+        except RecursionError:
+            raise ValueError(f"nested deeper than {ARGS_MAX_DEPTH} levels") from None
+        args_json(value)
+    if not value:
+        raise ValueError('must name at least one key, e.g. {"day": "2026-01-01"}')
+    assert isinstance(value, dict)  # args_json refuses anything else
+    return value
 
 
 def _depth(value: object) -> tuple[int, int]:

@@ -203,7 +203,10 @@ class JobState:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobFilter:
     """Which jobs a list (or a bulk cancel or retry) takes: those matching every field given
-    (None: any). Times are ranges, `from` inclusive, `until` exclusive."""
+    (None: any). Times are ranges, `from` inclusive, `until` exclusive. `args` is a JSON
+    object (or its text) the job's args contain, as PostgreSQL's `@>` says: `{"day":
+    "2026-01-01"}` matches every job whose args have that key with that value, whatever else
+    they hold; `{"ids": [3]}` those whose `ids` list holds 3."""
 
     queue: str | None = None
     status: JobStatus | None = None
@@ -214,8 +217,15 @@ class JobFilter:
     created_until: datetime | None = None
     finished_from: datetime | None = None
     finished_until: datetime | None = None
+    #: Given as text, it is parsed (a dict once built).
+    args: dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        if self.args is not None:
+            try:
+                object.__setattr__(self, "args", limits.check_args_filter(self.args))
+            except ValueError as exc:
+                raise InvalidJob("args", str(exc)) from None
         if self.status is not None:
             try:
                 object.__setattr__(self, "status", JobStatus(self.status))

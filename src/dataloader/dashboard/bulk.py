@@ -20,7 +20,7 @@ from dataloader.dashboard.common import (
     back_to,
     render,
 )
-from dataloader.dashboard.jobs import FILTERS, filters_of
+from dataloader.dashboard.jobs import FILTERS, filters_of, list_filters
 from dataloader.dashboard.sessions import CSRF_FIELD
 
 router = APIRouter(prefix=PREFIX)
@@ -42,9 +42,10 @@ class Matching:
 async def matching_of(client: Client, filters: dict[str, str]) -> Matching:
     """Count the jobs matching `filters` (empty ones ignored), MAX_BULK at most."""
     given = {name: value for name, value in filters.items() if value and name in FILTERS}
+    wanted = list_filters(given)
     count, cursor = 0, None
     while count < MAX_BULK:
-        page = await client.list(**given, limit=COUNT_PAGE, cursor=cursor)  # type: ignore[arg-type]
+        page = await client.list(**wanted, limit=COUNT_PAGE, cursor=cursor)
         count += len(page.jobs)
         cursor = page.next_cursor
         if cursor is None:
@@ -85,7 +86,7 @@ async def change(
     acting = client.acting_as(viewer.actor)
     bulk = acting.cancel_many if action == "cancel" else acting.retry_many
     try:
-        result = await bulk(limit=MAX_BULK, **filters)
+        result = await bulk(limit=MAX_BULK, **list_filters(filters))
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     done = "canceled" if action == "cancel" else "retried"

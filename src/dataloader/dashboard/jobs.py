@@ -33,7 +33,18 @@ router = APIRouter(prefix=PREFIX)
 #: Jobs a page of the list shows.
 PAGE_SIZE = 50
 #: The filters of the list, as its query parameters.
-FILTERS = ("queue", "status", "task", "lock_key", "partition_key")
+FILTERS = (
+    "queue",
+    "status",
+    "task",
+    "lock_key",
+    "partition_key",
+    "args",
+    "created_from",
+    "created_until",
+)
+#: Filters holding an instant: a date and time, UTC unless it has an offset.
+INSTANT_FILTERS = ("created_from", "created_until")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +56,33 @@ class JobList:
     error: str | None = None
 
 
+def list_filters(filters: dict[str, str]) -> dict[str, Any]:
+    """The filters given (not empty), as `Client.list` takes them: instants parsed (UTC
+    unless they say otherwise); ValueError naming one that is not an instant."""
+    given: dict[str, Any] = {name: value for name, value in filters.items() if value}
+    for name in INSTANT_FILTERS:
+        if name in given:
+            given[name] = instant_of(name, given[name])
+    return given
+
+
+def instant_of(name: str, text: str) -> datetime:
+    """`text` (ISO 8601, as a browser's date and time field gives it) as an instant, in UTC
+    when it has no offset."""
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name}: not a date and time like 2026-01-31T09:30") from None
+    return instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+
+
 async def job_list_of(client: Client, filters: dict[str, str], cursor: str | None) -> JobList:
     """The page of jobs matching `filters` (empty ones ignored) after `cursor`; a filter that
-    cannot be (an unknown status, a foreign cursor) is said, with no job."""
+    cannot be (an unknown status, args that are not a JSON object, a foreign cursor) is
+    said, with no job."""
     given = {name: value for name, value in filters.items() if value}
     try:
-        page = await client.list(**given, limit=PAGE_SIZE, cursor=cursor or None)  # type: ignore[arg-type]
+        page = await client.list(**list_filters(given), limit=PAGE_SIZE, cursor=cursor or None)
     except ValueError as exc:
         return JobList(given, JobPage([], None), str(exc))
     return JobList(given, page)

@@ -185,6 +185,10 @@ JOB_FILTERS: Final = {
     # a job is created before it finishes (both are the database's now()): the bound on
     # created_at starts the walk of the order's index at the range, not at the newest job
     "finished_until": "finished_at < :finished_until AND created_at < :finished_until",
+    # containment, answered by the args index (0021): it holds hashes of args' paths and
+    # values, so no args is too large for it; it leaves out empty args, which a search (of
+    # at least one key) never finds
+    "args": "args @> :args::text::jsonb AND args <> '{}'::jsonb",
     # the keyset of the next page: the last job of the page before
     "after": "(created_at, job_id) < (:after_created, :after_id::uuid)",
 }

@@ -25,6 +25,7 @@ from typing import Any, Final
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core import limits
 from dataloader.core import transitions as decide
 from dataloader.core.models import (
     FILLED_OPTIONS,
@@ -142,6 +143,8 @@ class JobRepository:
         values = where.given()
         if where.status is not None:
             values["status"] = where.status.value
+        if where.args is not None:
+            values["args"] = limits.args_json(where.args)
         if values.get("partition_key") == "":
             del values["partition_key"]
             values["no_partition_key"] = True

@@ -120,6 +120,19 @@ async def test_jobs_matching_a_filter_are_canceled_and_retried_in_bulk(
     assert {r["by"] for r in by} == {"api"}
 
 
+async def test_jobs_whose_args_contain_an_object_are_canceled_in_bulk(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service = await start_service(run_workers=False)
+    day1 = [await service.trigger(task="t", args={"day": "d1", "i": i}) for i in range(3)]
+    await service.trigger(task="t", args={"day": "d2"})
+    body = {"args": {"day": "d1"}}
+    done = (await service.client.post("/api/v1/jobs/cancel", json=body)).json()
+    assert (done["matched"], sorted(done["changed"]), done["more"]) == (3, sorted(day1), False)
+    left = await conn.fetch("SELECT args->>'day' AS day FROM dl_jobs WHERE status = 'queued'")
+    assert [r["day"] for r in left] == ["d2"]
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -131,6 +144,9 @@ async def test_jobs_matching_a_filter_are_canceled_and_retried_in_bulk(
         {"queue": "etl", "colour": "red"},
         {"finished_until": "0001-01-01T00:00:00Z"},
         {"queue": "etl", "created_from": "9999-06-01T00:00:00Z"},
+        {"args": {}},
+        {"args": '{"day": "d1"}'},  # an object, not its text, in a body
+        {"args": [1]},
     ],
 )
 async def test_a_bulk_change_needs_a_filter_and_sane_bounds(

@@ -26,9 +26,13 @@ async def ids(service: Service, **params: Any) -> list[str]:
 
 async def test_each_filter_applies(start_service: StartService, conn: asyncpg.Connection) -> None:
     service = await start_service(run_workers=False)
-    a = await service.trigger(queue="qa", task="t.a", lock_key="ka", partition_key="p1")
-    b = await service.trigger(queue="qb", task="t.b", lock_key="kb")
-    c = await service.trigger(queue="qb", task="t.a", lock_key="ka", partition_key="p1")
+    a = await service.trigger(
+        queue="qa", task="t.a", lock_key="ka", partition_key="p1", args={"day": "d1", "n": [1]}
+    )
+    b = await service.trigger(queue="qb", task="t.b", lock_key="kb", args={"day": "d2"})
+    c = await service.trigger(
+        queue="qb", task="t.a", lock_key="ka", partition_key="p1", args={"day": "d1", "n": [2]}
+    )
     await service.client.post(f"{JOBS_URL}/{b}/cancel")
     rows = await conn.fetch("SELECT job_id::text, created_at, finished_at FROM dl_jobs")
     created = {r["job_id"]: r["created_at"] for r in rows}
@@ -50,6 +54,9 @@ async def test_each_filter_applies(start_service: StartService, conn: asyncpg.Co
     assert await ids(service, created_until=at(created[b])) == [a]
     assert await ids(service, finished_from=at(finished_b)) == [b]
     assert await ids(service, finished_until=at(finished_b + timedelta(seconds=1))) == [b]
+    assert await ids(service, args='{"day": "d1"}') == [c, a]
+    assert await ids(service, args='{"day": "d1", "n": [1]}') == [a]
+    assert await ids(service, args='{"day": "d1"}', queue="qb") == [c]
     assert await ids(service, queue="nowhere") == []
     listed = (await service.client.get(JOBS_URL, params={"lock_key": "kb"})).json()["jobs"][0]
     status = (await service.client.get(f"{JOBS_URL}/{b}/status")).json()
@@ -121,6 +128,10 @@ async def test_a_made_up_cursor_is_a_position_not_an_error(start_service: StartS
         ({"queue": ""}, "queue"),
         ({"lock_key": "k\x00"}, "lock_key"),
         ({"color": "red"}, "color"),
+        ({"args": "{}"}, "args"),
+        ({"args": "[1]"}, "args"),
+        ({"args": "day=1"}, "args"),
+        ({"args": '{"x": "' + "y" * 8000 + '"}'}, "args"),
     ],
 )
 async def test_a_bad_parameter_is_a_422_naming_it(

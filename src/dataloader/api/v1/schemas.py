@@ -68,6 +68,25 @@ LeaseTtl = Annotated[
 ]
 RunningLimit = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1), WholeNumber]
 JsonObject = Annotated[dict[str, Any], AfterValidator(limits.check_args)]
+#: What jobs' args must contain (JSON containment): an object naming at least one key.
+ArgsFilter = Annotated[dict[str, Any], AfterValidator(limits.check_args_filter)]
+
+
+def _args_filter_text(value: str) -> str:
+    limits.check_args_filter(value)
+    return value
+
+
+#: ArgsFilter as a query parameter: the object's JSON text.
+ArgsFilterText = Annotated[
+    str,
+    _text_schema(2, limits.ARGS_FILTER_MAX_BYTES // limits.UTF8_MAX_BYTES_PER_CHAR),
+    AfterValidator(_args_filter_text),
+]
+_ARGS_FILTER_DOC = (
+    'Jobs whose args contain this JSON object (`{"day": "2026-01-01"}`: that key with that'
+    " value, whatever else they hold), from an index."
+)
 
 
 #: The start of an RFC 3339 date-time: a date in the years 0002 to 9998, then its time. The
@@ -200,6 +219,8 @@ class JobFilterFields(BaseModel):
 class JobListQuery(JobFilterFields):
     """`GET /api/v1/jobs` filters: every one given must match."""
 
+    args: ArgsFilterText | None = Field(None, description=_ARGS_FILTER_DOC + " JSON text.")
+
     limit: int = Field(100, ge=1, le=1000, description="Jobs per page.")
     cursor: str | None = Field(
         None,
@@ -219,10 +240,12 @@ class JobBulkRequest(JobFilterFields):
             # at least one filter, as the schema says it
             "anyOf": [
                 {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
-                for name in JobFilterFields.model_fields
+                for name in [*JobFilterFields.model_fields, "args"]
             ],
         },
     )
+
+    args: ArgsFilter | None = Field(None, description=_ARGS_FILTER_DOC)
 
     limit: int = Field(1000, ge=1, le=10_000, description="Jobs looked at, at most.")
 
