@@ -365,6 +365,12 @@ class Client:
         missing)."""
         return await self._repo.get_many([_uuid(job_id) for job_id in job_ids])
 
+    async def stages(self, job_id: uuid.UUID | str, limit: int = 100) -> builtins.list[JobState]:
+        """The jobs the successes of `job_id` enqueued as its next stages (a task's `then=`,
+        `ctx.then`), oldest first, `limit` (1…1000) at most; a stage names its own parent
+        (`dataloader.core.models.stage_parent` of its idempotency_key)."""
+        return await self._repo.stages_of(_uuid(job_id), _limit(limit))
+
     async def find(self, idempotency_key: str) -> JobState | None:
         """The job holding `idempotency_key`, or None."""
         job_id = await self._repo.holder_of(idempotency_key)
@@ -401,8 +407,7 @@ class Client:
         keyset: jobs enqueued meanwhile never shift them. ValueError for a limit outside
         1…1000, an unknown status, a time without an offset, args that are not a JSON object
         naming a key, or a cursor this list did not make."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise ValueError(f"limit must be an integer between 1 and 1000, not {limit!r}")
+        _limit(limit)
         where = JobFilter(
             queue=queue,
             status=None if status is None else _status(status),
@@ -933,8 +938,13 @@ def _bulk_filter(where: dict[str, Any]) -> JobFilter:
 
 
 def _bulk_limit(limit: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK:
-        raise ValueError(f"limit must be an integer between 1 and {MAX_BULK}, not {limit!r}")
+    return _limit(limit, MAX_BULK)
+
+
+def _limit(limit: int, most: int = 1000) -> int:
+    """`limit` if it is an integer from 1 to `most`; ValueError otherwise."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
+        raise ValueError(f"limit must be an integer between 1 and {most}, not {limit!r}")
     return limit
 
 

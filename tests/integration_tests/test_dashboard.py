@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from dataloader.core.retry import Linear
 from dataloader.dashboard.jobs import job_list_of, job_view_of
 from dataloader.dashboard.overview import overview_of
 from dataloader.dashboard.queues import queue_view_of
+from dataloader.tasks import TaskRegistry
+from dataloader.workers.job_context import JobContext
 from tests.orders import registry as orders
 
 from .conftest import Service, StartService
@@ -328,3 +332,55 @@ async def test_jobs_matching_a_filter_are_counted_then_canceled_in_bulk(
     assert "canceled+1+of+1" in done.headers["location"]
     assert (await service.status(picked))["status"] == "canceled"
     assert {(await service.status(j))["status"] for j in doomed} == {"queued"}
+
+
+async def test_a_job_shows_each_attempt_with_its_traceback_and_its_stages(
+    start_service: StartService, registry: TaskRegistry
+) -> None:
+    secret_dsn = "postgresql://etl:hunter2@db.internal/warehouse"
+
+    @registry.task("ui.flaky", queue="ui.work", then="ui.after", retry=Linear(0))
+    async def flaky(ctx: JobContext[dict[str, Any]]) -> dict[str, int]:
+        if ctx.attempt == 1:
+            deep_in_the_loader(secret_dsn)
+        return {"rows": 1}
+
+    @registry.task("ui.after", queue="ui.work")
+    async def after(ctx: JobContext[dict[str, Any]]) -> None: ...
+
+    service = await start_service(workers=[{"queue": "ui.work", "concurrency": 1}])
+    first = await service.dl.enqueue("ui.flaky", {}, lock_key="day")
+    assert (await service.dl.wait(first.job_id, timeout=60)).status.value == "succeeded"
+    (stage,) = await service.dl.stages(first.job_id)
+    assert stage.task == "ui.after"
+    with pytest.raises(ValueError, match="limit must be an integer between 1 and 1000"):
+        await service.dl.stages(first.job_id, limit=0)
+
+    view = await job_view_of(service.dl, first.job_id)
+    assert view is not None
+    assert [(a.number, a.outcome) for a in view.attempts] == [(1, "requeue"), (2, "done")]
+    failed = view.attempts[0]
+    assert failed.error is not None
+    assert failed.error.startswith("ConnectionError: cannot reach")
+    assert failed.traceback is not None
+    assert "deep_in_the_loader" in failed.traceback  # the frame that raised
+    assert "hunter2" not in failed.traceback  # masked when written, as the log masks it
+    assert view.attempts[1].traceback is None
+    assert [s.job_id for s in view.stages] == [stage.job_id]
+    assert view.parent is None
+    stage_view = await job_view_of(service.dl, stage.job_id)
+    assert stage_view is not None
+    assert stage_view.parent == first.job_id
+
+    browser = await signed_in(service)
+    page = (await browser.get(f"/ui/jobs/{first.job_id}")).text
+    assert "Traceback" in page
+    assert "deep_in_the_loader" in page
+    assert "hunter2" not in page  # neither in the error nor in the traceback
+    assert f'href="/ui/jobs/{stage.job_id}"' in page
+    stage_page = (await browser.get(f"/ui/jobs/{stage.job_id}")).text
+    assert f'href="/ui/jobs/{first.job_id}"' in stage_page
+
+
+def deep_in_the_loader(dsn: str) -> None:
+    raise ConnectionError(f"cannot reach {dsn}")

@@ -120,6 +120,9 @@ async def test_an_error_text_postgres_cannot_store_is_escaped_not_lost(
     job_id = await service.trigger(task="t.surrogate", max_attempts=1)
     body = await service.wait_status(job_id, "failed")
     assert body["error"] == "ValueError: half an emoji \\ud83d and a NUL \\x00"
+    journal = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
+    (failed,) = [e["payload"] for e in journal if e["kind"] == "failed"]
+    assert failed["traceback"].endswith("ValueError: half an emoji \\ud83d and a NUL \\x00")
 
 
 async def test_a_cancel_that_lands_before_a_backoff_cancels_the_job(

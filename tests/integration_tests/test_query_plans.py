@@ -349,6 +349,26 @@ async def test_a_search_by_args_reads_the_args_index(db_dsn: str) -> None:
         await conn.close()
 
 
+async def test_a_jobs_stages_are_read_from_the_stage_index(db_dsn: str) -> None:
+    """The stages a job's success enqueued: from the index of stage jobs by parent, not by a
+    walk of every job (a dashboard's job page asks it)."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, idempotency_key, status,"
+            " finished_at)"
+            " SELECT gen_random_uuid(), 'q', 't', 'key-' || i,"
+            " CASE WHEN i % 2 = 0 THEN 'stage:' || gen_random_uuid() || ':' || gen_random_uuid()"
+            " || ':0' END, 'succeeded', now()"
+            " FROM generate_series(1, 20000) i"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        plan = await plan_of(conn, *queries.STAGE_JOB_IDS.bind(parent=uuid.uuid4(), limit=100))
+        assert "ix_dl_jobs_stage_parent" in plan, plan
+    finally:
+        await conn.close()
+
+
 async def test_a_past_finished_range_starts_its_walk_at_the_range(db_dsn: str) -> None:
     """Jobs that finished in a day of the past: the newest first are read from the range on, not
     from the newest job of all (300 ms beside 1,000,000 jobs, seconds beside 10,000,000): a job

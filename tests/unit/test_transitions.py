@@ -118,6 +118,14 @@ def test_failure_with_attempts_left_is_queued_after_the_policy_delay() -> None:
     assert t.detail == {"reason": "error", "error": "ValueError: boom"}
 
 
+def test_a_failures_traceback_is_kept_in_its_journal_entry() -> None:
+    with_traceback = Outcome(Ended.FAILED, "ValueError: boom", traceback="Traceback (…)")
+    for attempt in (1, 3):  # retried, and failed for good
+        t = decide(with_traceback, running(attempt=attempt, max_attempts=3))
+        assert t.detail["traceback"] == "Traceback (…)"
+    assert "traceback" not in decide(failure(), running()).detail
+
+
 def test_failure_asks_the_policy_with_the_number_of_the_failed_attempt() -> None:
     t = decide(failure(), running(attempt=2, max_attempts=5), retry=Linear(10))
     assert t.retry_in_sec == 20

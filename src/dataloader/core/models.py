@@ -271,6 +271,29 @@ class Stage:
                 raise InvalidJob(name, str(exc)) from None
 
 
+#: A stage job's idempotency_key starts with this, then its parent's job id
+#: (`stage:<job_id>:<claim_token>:<n>`, see `stage_key`).
+STAGE_KEY_PREFIX: Final = "stage:"
+
+
+def stage_key(parent_id: uuid.UUID, claim_token: uuid.UUID | None, n: int) -> str:
+    """The idempotency_key of the `n`th stage enqueued by the success of `parent_id`'s claim
+    `claim_token`: a write of that success tried again enqueues its stages once, and the job's
+    next run (a re-run, a retry by hand) enqueues them again. It names the parent: the stage
+    is found from it, and its parent's stages by it."""
+    return f"{STAGE_KEY_PREFIX}{parent_id}:{claim_token}:{n}"
+
+
+def stage_parent(idempotency_key: str | None) -> uuid.UUID | None:
+    """The job whose success enqueued the job of `idempotency_key`, if it is a stage's."""
+    if idempotency_key is None or not idempotency_key.startswith(STAGE_KEY_PREFIX):
+        return None
+    try:
+        return uuid.UUID(idempotency_key[len(STAGE_KEY_PREFIX) :].split(":", 1)[0])
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     """What one queue holds now. The jobs in it are `ready` (due, claimable), `waiting` (due,

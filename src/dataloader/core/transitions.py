@@ -105,6 +105,9 @@ class Outcome:
     #: FAILED: what the task raised, whose traceback the log shows if the job fails for good
     #: (a failure that will be retried is one line: it is expected).
     raised: BaseException | None = field(default=None, compare=False, repr=False)
+    #: FAILED: the traceback of what the task raised, as text (secrets masked, bounded), kept
+    #: in the journal entry of the attempt's end.
+    traceback: str | None = field(default=None, compare=False, repr=False)
     #: More to write in the transaction of the job's outcome, only if that write passes the
     #: job's fence (a durable process's save: `storage.processes.StepSave`): storage calls its
     #: `apply(conn)` there.
@@ -413,6 +416,8 @@ def _failed(
 ) -> Transition:
     error = outcome.error or "error"
     detail: dict[str, Any] = {"reason": "error", "error": error}
+    if outcome.traceback:
+        detail["traceback"] = outcome.traceback
     if not outcome.retryable or job.attempt >= job.max_attempts:
         return _rerun_or(
             job,

@@ -17,7 +17,7 @@ from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD, SESSION_SEC, Sessions, Viewer
 from dataloader.health import SystemStatus
-from dataloader.logger.utils import mask_mapping
+from dataloader.logger.utils import mask_mapping, mask_text
 
 #: Where the dashboard is served.
 PREFIX: Final = "/ui"
@@ -26,10 +26,17 @@ HERE: Final = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
 
 
-def pretty_json(value: Any) -> str:
+def pretty_json(value: Any, omit: tuple[str, ...] = ()) -> str:
     """A JSON value indented for reading, secrets masked as the logs mask them (the
-    template escapes it)."""
+    template escapes it); an object without its keys `omit` (shown elsewhere)."""
+    if omit and isinstance(value, dict):
+        value = {key: item for key, item in value.items() if key not in omit}
     return json.dumps(mask_mapping(value), indent=2, ensure_ascii=False, default=str)
+
+
+def masked(text: str | None) -> str:
+    """Free text (an error, a traceback) with its secrets masked as the logs mask them."""
+    return "" if text is None else mask_text(text)
 
 
 def ago(moment: datetime | None) -> str:
@@ -54,7 +61,9 @@ def stamp(moment: datetime | None) -> str:
     return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-templates.env.filters.update(pretty_json=pretty_json, ago=ago, span=span, stamp=stamp)
+templates.env.filters.update(
+    pretty_json=pretty_json, masked=masked, ago=ago, span=span, stamp=stamp
+)
 
 
 class Pages:

@@ -15,7 +15,7 @@ from dataloader import JobPage
 from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Scope
-from dataloader.core.models import JobEvent, JobState
+from dataloader.core.models import JobEvent, JobState, stage_parent
 from dataloader.core.waiting import Reason, why_not_running
 from dataloader.dashboard.common import (
     PREFIX,
@@ -32,6 +32,8 @@ router = APIRouter(prefix=PREFIX)
 
 #: Jobs a page of the list shows.
 PAGE_SIZE = 50
+#: A job's stages its page lists, at most.
+STAGES_SHOWN = 50
 #: The filters of the list, as its query parameters.
 FILTERS = (
     "queue",
@@ -88,6 +90,39 @@ async def job_list_of(client: Client, filters: dict[str, str], cursor: str | Non
     return JobList(given, page)
 
 
+#: Journal entries that end an attempt (`picked` starts one).
+ATTEMPT_ENDS = frozenset({"done", "failed", "requeue", "lost", "canceled", "backoff", "rerun"})
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One run of a job, as its journal tells it: from `picked` to the entry that ended it
+    (none yet: it is running)."""
+
+    number: int | None
+    worker: str | None
+    started: datetime
+    ended: datetime | None = None
+    #: The kind of the entry that ended it (`done`, `requeue`, `failed` …).
+    outcome: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+def attempts_of(journal: list[JobEvent]) -> list[Attempt]:
+    """The job's attempts, oldest first, from its journal (oldest first)."""
+    attempts: list[Attempt] = []
+    for event in journal:
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if event.kind == "picked":
+            attempts.append(Attempt(payload.get("attempt"), payload.get("worker"), event.ts))
+        elif event.kind in ATTEMPT_ENDS and attempts and attempts[-1].outcome is None:
+            last = attempts[-1]
+            last.ended, last.outcome = event.ts, event.kind
+            last.error, last.traceback = payload.get("error"), payload.get("traceback")
+    return attempts
+
+
 @dataclass(frozen=True, slots=True)
 class JobView:
     """A job with all the dashboard shows of it."""
@@ -100,6 +135,11 @@ class JobView:
     heartbeats: int
     #: Why it is not running (a queued job only).
     waiting: list[Reason] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    #: The job whose success enqueued this one as its stage, if any.
+    parent: uuid.UUID | None = None
+    #: The jobs this one's successes enqueued as its stages (STAGES_SHOWN at most).
+    stages: list[JobState] = field(default_factory=list)
 
     @property
     def cancellable(self) -> bool:
@@ -118,7 +158,17 @@ async def job_view_of(client: Client, job_id: uuid.UUID) -> JobView | None:
     journal = await client.events(job_id)
     events = [e for e in journal if e.kind != "heartbeat"]
     waiting = await why_waiting(client, state, partition_key)
-    return JobView(state, args, partition_key, events, len(journal) - len(events), waiting)
+    return JobView(
+        state,
+        args,
+        partition_key,
+        events,
+        heartbeats=len(journal) - len(events),
+        waiting=waiting,
+        attempts=attempts_of(events),
+        parent=stage_parent(state.idempotency_key),
+        stages=await client.stages(job_id, limit=STAGES_SHOWN),
+    )
 
 
 async def why_waiting(client: Client, job: JobState, partition_key: str | None) -> list[Reason]:

@@ -164,6 +164,15 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
 FROM dl_jobs WHERE job_id = ANY(:job_ids::uuid[])
 """)
 
+#: The jobs the success of `:parent` enqueued as its stages (their idempotency_key names it:
+#: `core.models.stage_key`), oldest first, `:limit` at most, from the stage index (0022).
+STAGE_JOB_IDS: Final = Statement("""
+SELECT job_id FROM dl_jobs
+WHERE idempotency_key LIKE 'stage:%' AND substr(idempotency_key, 7, 36) = :parent::uuid::text
+ORDER BY created_at, job_id
+LIMIT :limit
+""")
+
 #: What a page of jobs filters on: each filter, by name, is a condition over parameters of
 #: its own name. A statement holds only the conditions given (see `list_jobs`), so that the
 #: planner sees them all and picks its index: `(:x IS NULL OR col = :x)` in a prepared

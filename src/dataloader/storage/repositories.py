@@ -124,6 +124,16 @@ class JobRepository:
             rows = await conn.fetch(*queries.JOB_STATUSES.bind(job_ids=list(job_ids)))
         return {row["job_id"]: job_state(row) for row in rows}
 
+    async def stages_of(self, parent: uuid.UUID, limit: int) -> builtins.list[JobState]:
+        """The jobs `parent`'s successes enqueued as its stages, oldest first."""
+        async with self.connections.connection() as conn:
+            ids = [
+                row["job_id"]
+                for row in await conn.fetch(*queries.STAGE_JOB_IDS.bind(parent=parent, limit=limit))
+            ]
+        found = await self.get_many(ids) if ids else {}
+        return [found[job_id] for job_id in ids if job_id in found]
+
     async def holder_of(self, idempotency_key: str) -> uuid.UUID | None:
         """The job holding `idempotency_key`, if any."""
         async with self.connections.connection() as conn:

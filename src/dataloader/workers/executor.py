@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from dataloader.exceptions import (
     Retry,
     TaskTimeout,
 )
+from dataloader.logger.utils import mask_text
 from dataloader.storage.db import storable_text
 from dataloader.tasks import Task
 from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, count
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: Longest error text stored in `dl_jobs.error`.
 MAX_ERROR_CHARS = 4000
+#: Longest traceback kept in the journal (its end: the frames nearest the error).
+MAX_TRACEBACK_CHARS = 16_000
 
 #: Turns what a handler returned, and how long its call took (ms), into an outcome.
 Returned = Callable[[object, int], Outcome]
@@ -284,7 +288,23 @@ def raised(
             Ended.FAILED, text, retry_after_sec=exc.after_sec, duration_ms=duration_ms, raised=exc
         )
     retryable = not isinstance(exc, (NonRetryableError, *non_retryable))
-    return Outcome(Ended.FAILED, text, retryable=retryable, duration_ms=duration_ms, raised=exc)
+    return Outcome(
+        Ended.FAILED,
+        text,
+        retryable=retryable,
+        duration_ms=duration_ms,
+        raised=exc,
+        traceback=traceback_text(exc),
+    )
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The traceback of `exc` as the log would show it, secrets masked as the log masks them,
+    its last MAX_TRACEBACK_CHARS characters at most, storable in jsonb."""
+    text = mask_text("".join(traceback.format_exception(exc)).rstrip())
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "…" + text[-MAX_TRACEBACK_CHARS + 1 :]
+    return storable_text(text)
 
 
 def error_text(exc: BaseException) -> str:

@@ -58,7 +58,13 @@ from dataloader.storage.connections import Connections
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.processes import StepInput, StepSave, step_input
 from dataloader.tasks import Task
-from dataloader.workers.executor import cut_short, error_text, start_call, within_timeout
+from dataloader.workers.executor import (
+    cut_short,
+    error_text,
+    start_call,
+    traceback_text,
+    within_timeout,
+)
 from dataloader.workers.runtime import RunningJob
 
 log = logging.getLogger(__name__)
@@ -192,6 +198,7 @@ class ProcessSteps:
             retryable=False,
             duration_ms=duration_ms,
             raised=raised,
+            traceback=None if raised is None else traceback_text(raised),
             effects=self._save(namespace, found, args, running, write),
         )
 

@@ -2,10 +2,9 @@
 with the checks and defaults of any enqueue, and written in the transaction of the success
 (`WorkerProtocol.finish`).
 
-Each stage job's idempotency key names the job and the claim that made it
-(`stage:<job_id>:<claim_token>:<n>`): the write of an outcome that is tried again after a lost
-connection enqueues its stages once, and a job that runs again (a re-run on update, a retry by
-hand) enqueues them again.
+Each stage job's idempotency key names the job and the claim that made it (`stage_key`): the
+write of an outcome that is tried again after a lost connection enqueues its stages once, and a
+job that runs again (a re-run on update, a retry by hand) enqueues them again.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dataloader.core import limits
-from dataloader.core.models import NewJob, Stage
+from dataloader.core.models import NewJob, Stage, stage_key
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.tasks import Task
 
@@ -46,7 +45,7 @@ def stage_jobs(parent: ClaimedJob, stages: Sequence[Stage], client: Client) -> t
                 queue=stage.queue if stage.queue is not None or own_queue else parent.queue,
                 priority=stage.priority,
                 available_at=stage.delay,
-                idempotency_key=f"stage:{parent.job_id}:{parent.claim_token}:{n}",
+                idempotency_key=stage_key(parent.job_id, parent.claim_token, n),
                 # a name at its limit leaves no room for the prefix: the label is cut to fit
                 producer=f"stage:{parent.task}"[: limits.NAME_MAX_CHARS],
             )
