@@ -100,8 +100,29 @@ async def test_every_page_answers_and_a_missing_job_is_a_404(start_service: Star
         answer = await browser.get(path)
         assert answer.status_code == 200, path
         assert answer.headers["content-type"].startswith("text/html")
-    assert (await browser.get(f"/ui/jobs/{uuid.uuid4()}")).status_code == 404
-    assert (await browser.get("/ui/jobs/not-a-uuid")).status_code == 404
+    missing_id = uuid.uuid4()
+    for path, status, words in [
+        (f"/ui/jobs/{missing_id}", 404, f"no job {missing_id}"),
+        ("/ui/jobs/not-a-uuid", 404, "no job not-a-uuid"),
+        ("/ui/nowhere", 404, "Not Found"),
+        ("/ui/jobs-bulk/cancel", 400, "filter the jobs first"),
+    ]:
+        answer = await browser.get(path)
+        assert answer.status_code == status, path
+        assert answer.headers["content-type"].startswith("text/html"), path
+        assert words in answer.text, path
+        assert 'href="/ui/jobs"' in answer.text  # a page to go on from
+    refused = await browser.post(f"/ui/jobs/{missing_id}/cancel", data={"csrf_token": "forged"})
+    assert refused.status_code == 403
+    assert refused.headers["content-type"].startswith("text/html")
+    invalid = await browser.post("/ui/jobs/not-a-uuid/cancel", data={})
+    assert (invalid.status_code, invalid.headers["content-type"][:9]) == (400, "text/html")
+    # the API answers in JSON as before
+    api = await service.client.get(f"/api/v1/jobs/{missing_id}/status")
+    assert (api.status_code, api.headers["content-type"]) == (404, "application/json")
+    api = await service.client.get("/api/v1/jobs", params={"limit": 0})
+    assert (api.status_code, api.headers["content-type"]) == (422, "application/json")
+    assert (await service.client.get("/nowhere")).json() == {"detail": "Not Found"}
     found = await browser.get("/ui/jobs/find", params={"q": "day-1"})
     assert found.headers["location"] == f"/ui/jobs/{job_id}"
     found = await browser.get("/ui/jobs/find", params={"q": job_id})
@@ -221,6 +242,55 @@ async def test_a_queue_is_paused_and_resumed_by_an_admin_and_audited(
         ("paused", "token:ops"),
     ]
     assert "token:ops" in (await admin.get(f"/ui/queues/{IDLE}")).text
+
+
+async def test_a_queues_limits_are_set_by_an_admin_and_audited(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service = await start_service(run_workers=False, api_tokens=[*TOKENS, ADMIN_TOKEN])
+    service.client.headers["Authorization"] = f"Bearer {TRIGGER}"
+    await service.trigger(queue=IDLE, task="ui.a")
+    form = {"max_running": "3", "max_running_per_partition": "", "max_per_second": "0.5"}
+
+    trigger = await signed_in(service, TRIGGER)
+    page = (await trigger.get(f"/ui/queues/{IDLE}")).text
+    assert "Set limits" not in page  # limits take admin, as in the API
+    refused = await trigger.post(
+        f"/ui/queues/{IDLE}/limits", data={**form, "csrf_token": csrf_of(page)}
+    )
+    assert refused.status_code == 403
+
+    admin = await signed_in(service, ADMIN)
+    csrf = csrf_of((await admin.get(f"/ui/queues/{IDLE}")).text)
+    done = await admin.post(f"/ui/queues/{IDLE}/limits", data={**form, "csrf_token": csrf})
+    assert done.status_code == 303
+    limits = (await service.dl.stats(IDLE))[IDLE].limits
+    assert (limits.max_running, limits.max_running_per_partition, limits.max_per_second) == (
+        3, None, 0.5,
+    )  # fmt: skip
+    page = (await admin.get(f"/ui/queues/{IDLE}")).text
+    assert 'name="max_running" inputmode="numeric" value="3"' in page  # shown to change
+
+    audited = await conn.fetchval("SELECT count(*) FROM dl_queue_events")
+    for bad, words in [
+        ({"max_running": "three"}, "max_running must be a whole number, or empty"),
+        ({"max_running": "0"}, "max_running must be an integer from 1"),
+        ({"max_per_second": "nan"}, "max_per_second must be a number from 0.001"),
+    ]:
+        answer = await admin.post(
+            f"/ui/queues/{IDLE}/limits", data={**form, **bad, "csrf_token": csrf}
+        )
+        assert answer.status_code == 400
+        assert words in answer.text
+        assert "<!doctype html>" in answer.text.lower()  # the page again, with the error
+    assert await conn.fetchval("SELECT count(*) FROM dl_queue_events") == audited
+    assert (await service.dl.stats(IDLE))[IDLE].limits == limits
+
+    cleared = {"max_running": "", "max_running_per_partition": "", "max_per_second": ""}
+    await admin.post(f"/ui/queues/{IDLE}/limits", data={**cleared, "csrf_token": csrf})
+    assert not (await service.dl.stats(IDLE))[IDLE].limits.any
+    kinds = [(e.kind, e.actor) for e in (await queue_view_of(service.dl, IDLE)).audit]
+    assert kinds[:2] == [("limits", "token:ops"), ("limits", "token:ops")]
 
 
 async def test_the_workers_and_cron_pages_show_the_live_processes_and_schedules(

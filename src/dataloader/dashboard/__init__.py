@@ -9,11 +9,14 @@ autoescaped) and static files (htmx, vendored with its licence) are package data
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 
 from dataloader.api.auth import Authenticator
 from dataloader.client import Client
@@ -24,6 +27,7 @@ from dataloader.dashboard.common import (
     NewSession,
     Pages,
     SignInRequired,
+    error_page,
     pages_of,
     render_system,
     set_session,
@@ -55,6 +59,29 @@ def install_dashboard(
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
     app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(NewSession, _new_session)
+    _pages_show_errors(app)
+
+
+def _pages_show_errors(app: FastAPI) -> None:
+    """An error on a page (a missing job, a refused action, a bad parameter) is a page saying
+    so; elsewhere (the API) the handlers already installed answer, as before."""
+    for error in (HTTPException, RequestValidationError):
+        app.add_exception_handler(error, _error_on_pages(app.exception_handlers[error]))
+
+
+def _error_on_pages(elsewhere: Callable[..., Any]) -> Callable[..., Awaitable[Response]]:
+    async def handle(request: Request, exc: Exception) -> Response:
+        path = request.url.path
+        if path != PREFIX and not path.startswith(f"{PREFIX}/"):
+            answer: Response = await elsewhere(request, exc)
+            return answer
+        if isinstance(exc, HTTPException):
+            return error_page(request, exc.status_code, str(exc.detail))
+        assert isinstance(exc, RequestValidationError)
+        said = "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in exc.errors())
+        return error_page(request, 400, said)
+
+    return handle
 
 
 async def _to_sign_in(request: Request, exc: SignInRequired) -> Response:

@@ -136,6 +136,36 @@ def render(request: Request, viewer: Viewer, template: str, **context: Any) -> H
     )
 
 
+#: The title of an error page, by status.
+ERROR_TITLES: Final = {
+    400: "Bad request",
+    403: "Not allowed",
+    404: "Not found",
+    409: "Not possible now",
+    422: "Bad request",
+}
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    """A page saying what went wrong (`message`, shown escaped), for whoever is looking."""
+    viewer = pages_of(request).sessions.viewer(request.cookies.get(COOKIE))
+    page = templates.TemplateResponse(
+        request,
+        "error.html",
+        {
+            "viewer": viewer,
+            "csrf_field": CSRF_FIELD,
+            "prefix": PREFIX,
+            "status": status,
+            "title": ERROR_TITLES.get(status, "Something went wrong"),
+            "message": message,
+        },
+        status_code=status,
+        headers={"Cache-Control": "no-store"},
+    )
+    return page
+
+
 def render_system(status: SystemStatus) -> str:
     """The overview's warnings and queues (`_system.html`): the same for every viewer."""
     return templates.get_template("_system.html").render(status=status, prefix=PREFIX)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -56,6 +56,53 @@ async def queue_page(
     except (InvalidJob, ValueError) as exc:
         raise HTTPException(404, str(exc)) from None
     return render(request, viewer, "queue.html", queue=view)
+
+
+@router.post("/queues/{queue}/limits", response_model=None, include_in_schema=False)
+async def set_limits(
+    request: Request,
+    client: PageClient,
+    viewer: PageViewer,
+    queue: str,
+    max_running: Annotated[str, Form()] = "",
+    max_running_per_partition: Annotated[str, Form()] = "",
+    max_per_second: Annotated[str, Form()] = "",
+    csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
+) -> HTMLResponse | RedirectResponse:
+    """Set the queue's limits (scope admin, as in the API; an empty field: no such limit),
+    then show it again; a bad value is said on the page, and nothing changes."""
+    authorize_action(request, viewer, csrf_token, Scope.admin)
+    given = {
+        "max_running": max_running,
+        "max_running_per_partition": max_running_per_partition,
+        "max_per_second": max_per_second,
+    }
+    try:
+        limits = limits_of(given)
+        await client.acting_as(viewer.actor).set_limits(queue, **limits)
+    except ValueError as exc:
+        view = await queue_view_of(client, queue)
+        page = render(request, viewer, "queue.html", queue=view, limits_error=str(exc), given=given)
+        page.status_code = 400
+        return page
+    return back_to(f"{PREFIX}/queues/{queue}")
+
+
+def limits_of(form: dict[str, str]) -> dict[str, Any]:
+    """The limits a form gives (`Client.set_limits`'s arguments): an empty field is no limit;
+    ValueError naming a field that is not a number."""
+    limits: dict[str, Any] = {}
+    for name, text in form.items():
+        text = text.strip()
+        if not text:
+            limits[name] = None
+            continue
+        try:
+            limits[name] = float(text) if name == "max_per_second" else int(text)
+        except ValueError:
+            kind = "a number" if name == "max_per_second" else "a whole number"
+            raise ValueError(f"{name} must be {kind}, or empty for no limit") from None
+    return limits
 
 
 @router.post("/queues/{queue}/{action}", include_in_schema=False)
