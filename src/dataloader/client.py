@@ -558,6 +558,15 @@ class Client:
                 if self._finished.closed:
                     raise RuntimeError(CLOSED_MESSAGE)
 
+    @contextlib.asynccontextmanager
+    async def ends_of(self, job_id: uuid.UUID | str) -> AsyncIterator[asyncio.Event]:
+        """An event set when the job may have ended (read it to know), heard on the one
+        LISTEN connection this client shares between every wait; set too when that listening
+        starts or starts again, as an end may have gone unheard before. For a view that
+        follows a job and wants its end at once rather than at its next read."""
+        async with self._finished.watch(_uuid(job_id), until_listening=False) as woken:
+            yield woken
+
     async def _wait(self, job_id: uuid.UUID) -> JobState:
         return (await self._wait_heard(job_id))[0]
 

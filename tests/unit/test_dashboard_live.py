@@ -4,12 +4,17 @@ which reads all the watched jobs in one call, and stops once nobody watches."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
+
 from dataloader.base import JobStatus
 from dataloader.core.models import JobState
+from dataloader.dashboard import live
 from dataloader.dashboard.live import JobWatch, SystemWatch, event_of, sse
 
 NOW = datetime(2026, 11, 26, tzinfo=UTC)
@@ -33,10 +38,24 @@ class Jobs:
         self.calls: list[set[uuid.UUID]] = []
         self.read = asyncio.Event()
 
+        #: The end signals of each watched job (`Client.ends_of`), one per viewer.
+        self.ends: dict[uuid.UUID, list[asyncio.Event]] = {}
+
     async def get_many(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, JobState]:
         self.calls.append(set(job_ids))
         self.read.set()
         return {i: self.states[i] for i in job_ids if i in self.states}
+
+    @contextlib.asynccontextmanager
+    async def ends_of(self, job_id: uuid.UUID) -> AsyncIterator[asyncio.Event]:
+        ended = asyncio.Event()
+        self.ends.setdefault(job_id, []).append(ended)
+        try:
+            yield ended
+        finally:
+            self.ends[job_id].remove(ended)
+            if not self.ends[job_id]:
+                del self.ends[job_id]
 
 
 async def test_viewers_of_several_jobs_are_fed_by_one_read_of_them_all() -> None:
@@ -58,6 +77,20 @@ async def test_viewers_of_several_jobs_are_fed_by_one_read_of_them_all() -> None
     reader = watch._reader
     assert reader is not None
     await asyncio.wait_for(reader, 5)  # nobody watches: the reader stops
+
+
+async def test_a_jobs_end_heard_is_read_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "READ_EVERY_SEC", 3600)  # no read but those woken
+    jobs = Jobs()
+    a = uuid.uuid4()
+    jobs.states = {a: state(a)}
+    watch = JobWatch(lambda: jobs)  # type: ignore[arg-type,return-value]
+    async with watch.watch(a) as viewer:
+        assert (await asyncio.wait_for(viewer.get(), 5)).status is JobStatus.RUNNING
+        jobs.states[a] = replace(jobs.states[a], status=JobStatus.SUCCEEDED)
+        jobs.ends[a][0].set()  # the client's LISTEN heard it end
+        assert (await asyncio.wait_for(viewer.get(), 5)).status is JobStatus.SUCCEEDED
+    assert jobs.ends == {}  # nobody watches: the client stops listening for it
 
 
 def test_an_event_carries_what_the_page_shows_live() -> None:

@@ -1,9 +1,10 @@
 """Live views: a job's status and progress pushed to every viewer of it (Server-Sent Events).
 
 One `JobWatch` per process serves every viewer: while anyone watches, it reads every watched
-job in one statement a second, and at once when one of them ends (the client's one LISTEN
-connection hears it), and hands each viewer the states that changed. So viewers cost the
-database one read a second whatever their number, not one each. A browser tab that is hidden
+job in one statement a second (progress is not announced), and at once when one of them ends
+(the client's one LISTEN connection hears it: `Client.ends_of`), and hands each viewer the
+states that changed. So viewers cost the database one read a second whatever their number,
+not one each. A browser tab that is hidden
 closes its stream (static/dashboard.js) and opens it again when shown.
 """
 
@@ -58,7 +59,12 @@ class JobWatch:
             self._reader = asyncio.create_task(self._read(), name="dataloader-dashboard-live")
         self._wake.set()
         try:
-            yield updates
+            async with self._client().ends_of(job_id) as ended:
+                waker = asyncio.create_task(self._wake_on(ended), name="dataloader-dashboard-end")
+                try:
+                    yield updates
+                finally:
+                    waker.cancel()
         finally:
             viewers = self._viewers.get(job_id)
             if viewers is not None:
@@ -66,6 +72,13 @@ class JobWatch:
                 if not viewers:
                     del self._viewers[job_id]
                     self._last.pop(job_id, None)
+
+    async def _wake_on(self, ended: asyncio.Event) -> None:
+        """Read at once each time a watched job may have ended."""
+        while True:
+            await ended.wait()
+            ended.clear()
+            self._wake.set()
 
     async def _read(self) -> None:
         """Read the watched jobs while anyone watches; a failed read is retried (and logged)."""
