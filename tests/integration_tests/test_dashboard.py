@@ -207,6 +207,18 @@ async def test_a_read_token_sees_and_changes_nothing_a_trigger_token_acts(
     events = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
     assert [e["payload"]["by"] for e in events if e["kind"] == "canceled"] == ["token:etl"]
 
+    # a change in bulk takes admin, as in the API
+    other = await service.trigger(queue=IDLE, task="ui.a")
+    listed = (await actor.get("/ui/jobs", params={"queue": IDLE})).text
+    assert "Cancel all matching" not in listed
+    confirm = (await actor.get("/ui/jobs-bulk/cancel", params={"queue": IDLE})).text
+    assert "Cancel them" not in confirm
+    refused = await actor.post(
+        f"/ui/jobs-bulk/cancel?queue={IDLE}", data={"csrf_token": csrf_of(confirm)}
+    )
+    assert refused.status_code == 403
+    assert (await service.status(other))["status"] == "queued"
+
 
 async def test_a_queue_is_paused_and_resumed_by_an_admin_and_audited(
     start_service: StartService,

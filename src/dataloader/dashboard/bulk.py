@@ -81,7 +81,7 @@ async def change(
     """Cancel or retry the jobs the filter (in the query) matches, MAX_BULK at most."""
     if action not in ACTIONS:
         raise HTTPException(404, f"no bulk {action!r}")
-    authorize_action(request, viewer, csrf_token, Scope.trigger)
+    authorize_action(request, viewer, csrf_token, Scope.admin)
     filters = {k: v for k, v in filters_of(request).items() if v}
     acting = client.acting_as(viewer.actor)
     bulk = acting.cancel_many if action == "cancel" else acting.retry_many
