@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dataloader.config import Settings
+from dataloader.core.cron import CronState
 from dataloader.core.models import QueueStats
 from dataloader.storage.admin import PROCESSES_IN_ERROR_LOOKED_AT, StatusReading
-from dataloader.storage.maintenance import MAINTENANCE_LEASE, CronState, Lease, MaintenanceRun
+from dataloader.storage.maintenance import MAINTENANCE_LEASE, Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
 
 

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import httpx
 import pytest
 
+from dataloader.config import CronSpec
 from dataloader.core.retry import Linear
 from dataloader.dashboard.jobs import job_list_of, job_view_of
 from dataloader.dashboard.overview import overview_of
 from dataloader.dashboard.queues import queue_view_of
+from dataloader.dashboard.system import schedules_of
+from dataloader.maintenance.cron import CronScheduler
+from dataloader.storage.connections import GuardedPool
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 from tests.orders import registry as orders
@@ -314,6 +321,36 @@ async def test_the_workers_and_cron_pages_show_the_live_processes_and_schedules(
     assert service.manager.worker_id in page
     assert f"{IDLE}</a> (3)" in page
     assert (await browser.get("/ui/cron")).status_code == 200
+
+
+async def test_the_cron_page_shows_each_schedules_last_and_next_slot_and_its_job(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    service = await start_service(run_workers=False)
+    store = MaintenanceStore(GuardedPool(service.context.pool))
+    daily = CronSpec(
+        name="nightly", schedule="30 2 * * *", task="ui.load", queue=IDLE, timezone="Asia/Tokyo"
+    )
+    scheduler = CronScheduler(store, service.dl, [daily])
+    await scheduler.tick()  # it starts from now
+    (recorded,) = (await service.dl.maintenance()).cron
+    assert recorded.timezone == "Asia/Tokyo"
+    # a slot was due: its job is made
+    await conn.execute("UPDATE dl_cron SET last_slot = last_slot - interval '1 day'")
+    assert (await scheduler.tick())["enqueued"] == 1
+    (job,) = (await service.dl.list(task="ui.load")).jobs
+
+    (schedule,) = await schedules_of(service.dl, await service.dl.maintenance())
+    assert schedule.last_job == job.job_id
+    assert schedule.next_slot is not None
+    tokyo = schedule.next_slot.astimezone(ZoneInfo("Asia/Tokyo"))
+    assert (tokyo.hour, tokyo.minute) == (2, 30)  # read in its zone, not in UTC
+    assert timedelta(0) < schedule.next_slot - datetime.now(UTC) <= timedelta(days=1)
+
+    page = (await (await signed_in(service)).get("/ui/cron")).text
+    assert f'href="/ui/jobs/{job.job_id}"' in page
+    assert "(Asia/Tokyo)" in page
+    assert schedule.next_slot.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in page
 
 
 async def test_a_job_behind_a_running_one_of_its_lock_key_says_which(

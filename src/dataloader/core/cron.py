@@ -10,6 +10,7 @@ the clock as it is. Each slot is enqueued once, whoever leads (see `maintenance.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -18,6 +19,19 @@ from croniter import CroniterBadDateError, croniter
 
 #: Missed slots enqueued at most when a schedule catches up (the latest ones).
 MAX_CATCH_UP: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class CronState:
+    """A periodic task's schedule as last recorded, and its last slot enqueued."""
+
+    name: str
+    schedule: str
+    task: str
+    queue: str
+    last_slot: datetime | None
+    #: The IANA time zone the schedule is read in.
+    timezone: str = "UTC"
 
 
 def check_schedule(expression: object) -> str:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Final
 from zoneinfo import ZoneInfo
 
 from dataloader.config import CronSpec
-from dataloader.core.cron import due_slots, idempotency_key, next_slot
+from dataloader.core.cron import CronState, due_slots, idempotency_key, next_slot
 from dataloader.core.models import NewJob
 from dataloader.exceptions import ConfigError, IdempotencyConflict, InvalidJobArgs
 from dataloader.storage.db import CONNECTION_ERRORS
-from dataloader.storage.maintenance import CronState, MaintenanceStore
+from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.tasks import TaskRegistry
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class CronScheduler:
         if state is None or state.last_slot is None or _changed(state, spec):
             # new or changed: it starts from now
             await self._store.set_cron(
-                CronState(spec.name, spec.schedule, spec.task, spec.queue, now)
+                CronState(spec.name, spec.schedule, spec.task, spec.queue, now, spec.timezone)
             )
             return 0
         slots = due_slots(
@@ -166,4 +166,5 @@ class CronScheduler:
 
 
 def _changed(state: CronState, spec: CronSpec) -> bool:
-    return (state.schedule, state.task, state.queue) != (spec.schedule, spec.task, spec.queue)
+    recorded = (state.schedule, state.task, state.queue, state.timezone)
+    return recorded != (spec.schedule, spec.task, spec.queue, spec.timezone)

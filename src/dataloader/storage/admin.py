@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from dataloader.core.cron import CronState
 from dataloader.core.models import QueueStats
 from dataloader.core.queues import (
     THROUGHPUT_WINDOWS_SEC,
@@ -22,7 +23,7 @@ from dataloader.core.queues import (
 from dataloader.storage import processes, queries
 from dataloader.storage.connections import Connections
 from dataloader.storage.db import AnyConnection
-from dataloader.storage.maintenance import CronState, Lease, MaintenanceRun, MaintenanceStore
+from dataloader.storage.maintenance import Lease, MaintenanceRun, MaintenanceStore
 from dataloader.storage.presence import LiveWorker, PresenceStore, live_worker
 
 #: Processes in error /status counts at most (it says "at least" beyond).

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from dataloader.base import JobStatus
+from dataloader.core.cron import CronState
 from dataloader.storage import processes, queries
 from dataloader.storage.connections import Queries
 
@@ -105,7 +106,9 @@ class MaintenanceStore:
         """{name: its state} of every schedule ever recorded."""
         rows = await self._db.fetch(queries.CRON_STATE)
         return {
-            r["name"]: CronState(r["name"], r["schedule"], r["task"], r["queue"], r["last_slot"])
+            r["name"]: CronState(
+                r["name"], r["schedule"], r["task"], r["queue"], r["last_slot"], r["timezone"]
+            )
             for r in rows
         }
 
@@ -118,6 +121,7 @@ class MaintenanceStore:
                 task=state.task,
                 queue=state.queue,
                 last_slot=state.last_slot,
+                timezone=state.timezone,
             )
         )
 
@@ -181,17 +185,6 @@ class MaintenanceStore:
             *queries.COUNT_PRUNABLE_HEARTBEATS.bind(after_sec=after_sec)
         )
         return prunable
-
-
-@dataclass(frozen=True, slots=True)
-class CronState:
-    """A periodic task's schedule as last recorded, and its last slot enqueued."""
-
-    name: str
-    schedule: str
-    task: str
-    queue: str
-    last_slot: datetime | None
 
 
 #: The statuses a job ends in: the only ones pruned.

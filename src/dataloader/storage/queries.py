@@ -1582,16 +1582,16 @@ DB_NOW: Final = "SELECT now()"
 
 #: Every periodic task's schedule as last written, with the last slot enqueued for it.
 CRON_STATE: Final = """
-SELECT name, schedule, task, queue, last_slot, updated_at FROM dl_cron ORDER BY name
+SELECT name, schedule, task, queue, last_slot, updated_at, timezone FROM dl_cron ORDER BY name
 """
 
 #: Record schedule `name` as declared now, and the last slot enqueued for it (`last_slot`).
 SET_CRON: Final = Statement("""
-INSERT INTO dl_cron AS c (name, schedule, task, queue, last_slot)
-VALUES (:name, :schedule, :task, :queue, :last_slot)
+INSERT INTO dl_cron AS c (name, schedule, task, queue, last_slot, timezone)
+VALUES (:name, :schedule, :task, :queue, :last_slot, :timezone)
 ON CONFLICT (name) DO UPDATE
 SET schedule = EXCLUDED.schedule, task = EXCLUDED.task, queue = EXCLUDED.queue,
-    last_slot = EXCLUDED.last_slot, updated_at = now()
+    last_slot = EXCLUDED.last_slot, timezone = EXCLUDED.timezone, updated_at = now()
 """)
 
 # --- migrations ----------------------------------------------------------------------------
