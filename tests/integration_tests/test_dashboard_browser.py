@@ -164,6 +164,14 @@ async def test_pause_and_resume_a_queue(launcher: Launcher, db_dsn: str, browser
     audit = page.get_by_role("row").filter(has_text="paused")
     assert await audit.count() == 1
 
+    # its facts follow the queue without a reload
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    assert await page.locator("#queue-ready").inner_text() == "1"
+    await service.trigger(queue=IDLE, task="ui.nobody")
+    await page.locator("#queue-ready", has_text="2").wait_for(timeout=20_000)
+    assert navigations == []
+
 
 async def test_a_running_jobs_progress_bar_advances_without_a_reload(
     launcher: Launcher, db_dsn: str, browser: Any

@@ -118,12 +118,24 @@ async def test_overview_viewers_share_one_read_and_one_rendering() -> None:
         rendered.append(str(status))
         return f"<p>{status}</p>"
 
-    watch = SystemWatch(lambda: Status(), render)  # type: ignore[arg-type,return-value]
-    async with watch.watch() as first, watch.watch() as second:
-        a, b = await first.get(), await second.get()
+    def render_queue(status: object) -> str:
+        rendered.append(f"queue {status}")
+        return f"<dl>{status}</dl>"
+
+    watch = SystemWatch(lambda: Status())  # type: ignore[arg-type,return-value]
+    async with (
+        watch.watch("overview", render) as first,
+        watch.watch("overview", render) as second,
+        watch.watch("queue:q", render_queue) as third,
+    ):
+        a, b, c = await first.get(), await second.get(), await third.get()
         assert a == b == "<p>status 1</p>"
-        assert reads == [1]  # two viewers, one read, one rendering
-        assert rendered == ["status 1"]
+        assert c == "<dl>status 1</dl>"
+        assert reads == [1]  # three viewers of two views, one read, one rendering of each
+        assert rendered == ["status 1", "queue status 1"]
+    reader = watch._reader
+    assert reader is not None
+    await asyncio.wait_for(reader, 5)  # nobody watches: the reader stops
 
 
 def test_an_event_of_several_lines_keeps_each_line() -> None:

@@ -29,7 +29,6 @@ from dataloader.dashboard.common import (
     SignInRequired,
     error_page,
     pages_of,
-    render_system,
     set_session,
 )
 from dataloader.dashboard.sessions import Sessions
@@ -44,7 +43,7 @@ def install_dashboard(
     client, once it is open), signing in with `authenticator`'s tokens."""
     app.state.dashboard = Pages(client, Sessions(authenticator, authenticator.key_material))
     app.state.dashboard_live = live.JobWatch(client)
-    app.state.dashboard_system = live.SystemWatch(client, render_system)
+    app.state.dashboard_system = live.SystemWatch(client)
     for page in (
         overview.router,
         jobs.router,

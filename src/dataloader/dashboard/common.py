@@ -171,6 +171,13 @@ def render_system(status: SystemStatus) -> str:
     return templates.get_template("_system.html").render(status=status, prefix=PREFIX)
 
 
+def render_queue_facts(queue: str, status: SystemStatus) -> str:
+    """A queue's facts (`_queue_facts.html`) as `status` has them: the same for every
+    viewer."""
+    template = templates.get_template("_queue_facts.html")
+    return template.render(name=queue, q=status.queues.get(queue), prefix=PREFIX)
+
+
 def set_session(response: Response, value: str, request: Request) -> Response:
     response.set_cookie(
         COOKIE,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import uuid
@@ -23,7 +24,13 @@ from fastapi.responses import StreamingResponse
 
 from dataloader.client import Client
 from dataloader.core.models import JobState
-from dataloader.dashboard.common import PREFIX, PageViewer, pages_of
+from dataloader.dashboard.common import (
+    PREFIX,
+    PageViewer,
+    pages_of,
+    render_queue_facts,
+    render_system,
+)
 from dataloader.health import SystemStatus
 
 log = logging.getLogger(__name__)
@@ -100,48 +107,63 @@ class JobWatch:
                 await asyncio.wait_for(self._wake.wait(), READ_EVERY_SEC)
 
 
-class SystemWatch:
-    """Every viewer's live overview, fed by one reader: while anyone watches, the whole
-    system's status (`Client.status`: an index range per queue, whatever the jobs' number)
-    is read every SYSTEM_EVERY_SEC, rendered once, and handed to each viewer when it
-    changed."""
+#: Renders a view of the whole system (a fragment of HTML, the same for every viewer).
+Render = Callable[[SystemStatus], str]
 
-    def __init__(self, client: Callable[[], Client], render: Callable[[SystemStatus], str]):
+
+class SystemWatch:
+    """Every viewer's live views of the system (the overview's queues and warnings, a queue's
+    facts), fed by one reader: while anyone watches, the whole system's status
+    (`Client.status`: an index range per queue, whatever the jobs' number) is read every
+    SYSTEM_EVERY_SEC; each view is rendered once for all its viewers and handed to them when
+    it changed."""
+
+    def __init__(self, client: Callable[[], Client]) -> None:
         self._client = client
-        self._render = render
-        self._viewers: set[asyncio.Queue[str]] = set()
-        self._last: str | None = None
+        #: Each view watched, by its key: how it renders, and its viewers.
+        self._views: dict[str, tuple[Render, set[asyncio.Queue[str]]]] = {}
+        self._last: dict[str, str] = {}
         self._reader: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
-    async def watch(self) -> AsyncIterator[asyncio.Queue[str]]:
-        """The overview's fragment each time it changes."""
+    async def watch(self, key: str, render: Render) -> AsyncIterator[asyncio.Queue[str]]:
+        """The view `key` (rendered by `render`) each time it changes."""
         updates: asyncio.Queue[str] = asyncio.Queue(maxsize=4)
-        self._viewers.add(updates)
-        if self._last is not None:
-            updates.put_nowait(self._last)
+        self._views.setdefault(key, (render, set()))[1].add(updates)
+        if key in self._last:
+            updates.put_nowait(self._last[key])
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read(), name="dataloader-dashboard-system")
         try:
             yield updates
         finally:
-            self._viewers.discard(updates)
-            if not self._viewers:
-                self._last = None
+            viewers = self._views[key][1]
+            viewers.discard(updates)
+            if not viewers:
+                del self._views[key]
+                self._last.pop(key, None)
 
     async def _read(self) -> None:
-        while self._viewers:
+        while self._views:
             try:
-                html = self._render(await self._client().status())
+                status: SystemStatus | None = await self._client().status()
             except Exception as exc:  # the database may be away: the viewers wait
-                log.warning("reading the dashboard's overview failed: %r", exc)
-                html = None
-            if html is not None and html != self._last:
-                self._last = html
-                for updates in list(self._viewers):
-                    if updates.full():
-                        updates.get_nowait()
-                    updates.put_nowait(html)
+                log.warning("reading the dashboard's system status failed: %r", exc)
+                status = None
+            for key, (render, viewers) in list(self._views.items()):
+                if status is None:
+                    break
+                try:
+                    html = render(status)
+                except Exception:  # a bug of one view: the others still go on
+                    log.exception("rendering the dashboard's view %r failed", key)
+                    continue
+                if html != self._last.get(key):
+                    self._last[key] = html
+                    for updates in list(viewers):
+                        if updates.full():
+                            updates.get_nowait()
+                        updates.put_nowait(html)
             await asyncio.sleep(SYSTEM_EVERY_SEC)
 
 
@@ -174,10 +196,21 @@ def sse(event: str, data: str) -> str:
 @router.get("/live/system", include_in_schema=False)
 async def live_system(request: Request, viewer: PageViewer) -> StreamingResponse:
     """The overview's warnings and queues as they change (text/event-stream)."""
+    return _system_view(request, "overview", render_system)
+
+
+@router.get("/live/queues/{queue}", include_in_schema=False)
+async def live_queue(request: Request, viewer: PageViewer, queue: str) -> StreamingResponse:
+    """A queue's facts as they change (text/event-stream)."""
+    return _system_view(request, f"queue:{queue}", functools.partial(render_queue_facts, queue))
+
+
+def _system_view(request: Request, key: str, render: Render) -> StreamingResponse:
+    """The view `key` of the system (as `render` draws it) each time it changes."""
     watch: SystemWatch = request.app.state.dashboard_system
 
     async def stream() -> AsyncIterator[str]:
-        async with watch.watch() as updates:
+        async with watch.watch(key, render) as updates:
             while True:
                 try:
                     html = await asyncio.wait_for(updates.get(), KEEPALIVE_SEC)

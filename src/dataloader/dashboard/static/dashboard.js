@@ -1,5 +1,5 @@
-// dataloader's dashboard: a job's page follows the job, and the overview the queues, live
-// (Server-Sent Events); a hidden tab stops following and starts again when shown.
+// dataloader's dashboard: a job's page follows the job, the overview and a queue's page the
+// queues, live (Server-Sent Events); a hidden tab stops following and starts again when shown.
 (function () {
   "use strict";
   var streams = [];
@@ -42,13 +42,13 @@
     });
   }
 
-  var system = document.querySelector("[data-live-system]");
-  if (system) {
-    // the server renders the fragment (escaped like every page) for all viewers at once
-    follow(system.getAttribute("data-live-system"), "system", function (html) {
-      system.innerHTML = html;
+  // the overview's queues, a queue's facts: the server renders each fragment (escaped like
+  // every page) once for all its viewers
+  document.querySelectorAll("[data-live-system]").forEach(function (view) {
+    follow(view.getAttribute("data-live-system"), "system", function (html) {
+      view.innerHTML = html;
     });
-  }
+  });
 
   document.addEventListener("visibilitychange", function () {
     streams.forEach(function (s) { if (document.hidden) { s.stop(); } else { s.start(); } });
