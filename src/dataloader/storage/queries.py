@@ -181,6 +181,9 @@ JOB_FILTERS: Final = {
     # the (status, queue) index answers a rare queue; the order's index a common one
     "queue": "queue = :queue AND status = ANY(enum_range(NULL::dl_status))",
     "status": "status = :status::dl_status",
+    # with a status among these, the same status as a constant: it lets the planner prove, in
+    # a generic plan too, that the index of tasks' failures (0024) holds every match
+    "ended_badly": "status IN ('failed', 'lost', 'canceled')",
     "task": "task = :task",
     "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key",
     # a partition_key given (not ''): the partition_key index holds only those

@@ -153,6 +153,8 @@ class JobRepository:
         values = where.given()
         if where.status is not None:
             values["status"] = where.status.value
+            if where.status in ENDED_BADLY:
+                values["ended_badly"] = True
         if where.args is not None:
             values["args"] = limits.args_json(where.args)
         if values.get("partition_key") == "":
@@ -162,8 +164,8 @@ class JobRepository:
         if after_created is not None:
             values |= {"after": True, "after_created": after_created, "after_id": after_id}
         filters = frozenset(values.keys() & queries.JOB_FILTERS.keys())
-        values.pop("after", None)
-        values.pop("no_partition_key", None)
+        for flag in ("after", "no_partition_key", "ended_badly"):
+            values.pop(flag, None)
         async with self.connections.connection() as conn:
             narrow = False
             if where.queue is not None and where.status is not None:
@@ -565,6 +567,10 @@ _MICROS_RANGE: Final = (
 def _cursor(job: JobState) -> str:
     micros = (job.created_at - _EPOCH) // timedelta(microseconds=1)
     return base64.urlsafe_b64encode(_CURSOR.pack(micros, job.job_id.bytes)).decode()
+
+
+#: The statuses the index of tasks' failures holds (migration 0024).
+ENDED_BADLY: Final = frozenset({JobStatus.FAILED, JobStatus.LOST, JobStatus.CANCELED})
 
 
 def _decode_cursor(cursor: str | None) -> tuple[datetime | None, uuid.UUID | None]:
