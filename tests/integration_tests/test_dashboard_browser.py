@@ -177,12 +177,20 @@ async def test_a_running_jobs_progress_bar_advances_without_a_reload(
     launcher: Launcher, db_dsn: str, browser: Any
 ) -> None:
     service = await a_service(launcher, db_dsn)
+    paused = await service.client.post("/api/v1/queues/default/pause")
+    assert paused.status_code == 200, paused.text
     job_id = await service.trigger(task="demo.sleep", args={"seconds": 6, "chunks": 12})
-    await service.wait_status(job_id, "running")
     page = await browser.new_page()
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
     await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    why = page.get_by_role("heading", name="Why is this job not running?")
+    assert await why.is_visible()
+    assert "paused" in await page.locator("#job-waiting").inner_text()
+
+    await service.client.post("/api/v1/queues/default/resume")
+    await page.locator("#job-status", has_text="running").wait_for(timeout=20_000)
+    await why.wait_for(state="hidden")  # it runs: the answer is gone, without a reload
     bar = page.locator("#job-progress")
     first = int(await bar.get_attribute("value") or 0)
     await page.wait_for_function(

@@ -23,10 +23,12 @@
     var status = document.getElementById("job-status");
     var bar = document.getElementById("job-progress");
     var counts = document.getElementById("job-progress-text");
+    var waiting = document.getElementById("waiting-section");
     follow(job.getAttribute("data-live"), "state", function (data, stream) {
       var state = JSON.parse(data);
       status.textContent = state.status;
       status.className = "status " + state.status;
+      if (waiting && state.status !== "queued") waiting.hidden = true; // it runs, or ended
       if (state.total !== null && state.total !== undefined &&
           state.done !== null && state.done !== undefined) {
         bar.max = state.total;
