@@ -263,6 +263,27 @@ async def test_a_queue_is_paused_and_resumed_by_an_admin_and_audited(
     assert "token:ops" in (await admin.get(f"/ui/queues/{IDLE}")).text
 
 
+async def test_a_queue_whose_name_holds_a_slash_is_shown_paused_and_limited(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False)
+    await service.trigger(queue="etl/daily", task="ui.a")
+    browser = await signed_in(service)
+    page = await browser.get("/ui/queues/etl/daily")
+    assert page.status_code == 200
+    assert "<code>etl/daily</code>" in page.text
+    csrf = csrf_of(page.text)
+    paused = await browser.post("/ui/queues/etl/daily/pause", data={"csrf_token": csrf})
+    assert (paused.status_code, paused.headers["location"]) == (303, "/ui/queues/etl/daily")
+    limited = await browser.post(
+        "/ui/queues/etl/daily/limits", data={"max_running": "2", "csrf_token": csrf}
+    )
+    assert limited.status_code == 303
+    stats = (await service.dl.stats("etl/daily"))["etl/daily"]
+    assert (stats.paused, stats.limits.max_running) == (True, 2)
+    assert (await browser.get("/ui/queues/etl/pause")).status_code == 405  # an action's path
+
+
 async def test_a_queues_limits_are_set_by_an_admin_and_audited(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:

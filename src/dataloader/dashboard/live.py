@@ -199,7 +199,7 @@ async def live_system(request: Request, viewer: PageViewer) -> StreamingResponse
     return _system_view(request, "overview", render_system)
 
 
-@router.get("/live/queues/{queue}", include_in_schema=False)
+@router.get("/live/queues/{queue:dl_any_text}", include_in_schema=False)
 async def live_queue(request: Request, viewer: PageViewer, queue: str) -> StreamingResponse:
     """A queue's facts as they change (text/event-stream)."""
     return _system_view(request, f"queue:{queue}", functools.partial(render_queue_facts, queue))

@@ -24,6 +24,9 @@ from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import InvalidJob
 
 router = APIRouter(prefix=PREFIX)
+# A queue's name may hold a slash (`etl/daily`): its paths take the API's converter of names,
+# `dl_any_text` (registered by `dataloader.api.v1.queues`, which the app imports first), which
+# leaves the actions' suffixes (`/pause`, `/resume`, `/limits`) to the actions.
 
 #: Entries of the audit log a queue's page shows (the newest).
 AUDIT_SHOWN = 50
@@ -47,7 +50,7 @@ async def queue_view_of(client: Client, queue: str) -> QueueView:
     return QueueView(queue, stats, audit[::-1][:AUDIT_SHOWN])
 
 
-@router.get("/queues/{queue}", response_class=HTMLResponse, include_in_schema=False)
+@router.get("/queues/{queue:dl_any_text}", response_class=HTMLResponse, include_in_schema=False)
 async def queue_page(
     request: Request, client: PageClient, viewer: PageViewer, queue: str
 ) -> HTMLResponse:
@@ -58,7 +61,7 @@ async def queue_page(
     return render(request, viewer, "queue.html", queue=view)
 
 
-@router.post("/queues/{queue}/limits", response_model=None, include_in_schema=False)
+@router.post("/queues/{queue:dl_any_text}/limits", response_model=None, include_in_schema=False)
 async def set_limits(
     request: Request,
     client: PageClient,
@@ -105,7 +108,7 @@ def limits_of(form: dict[str, str]) -> dict[str, Any]:
     return limits
 
 
-@router.post("/queues/{queue}/{action}", include_in_schema=False)
+@router.post("/queues/{queue:dl_any_text}/{action}", include_in_schema=False)
 async def act(
     request: Request,
     client: PageClient,
