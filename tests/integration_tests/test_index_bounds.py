@@ -45,6 +45,8 @@ BOUNDED: dict[tuple[str, str], int] = {
     ("dl_cron", "name"): limits.NAME_MAX_BYTES,
     # the spec's unique idempotency_key: core.limits.check_idempotency_key
     ("dl_jobs", "idempotency_key"): limits.IDEMPOTENCY_KEY_MAX_BYTES,
+    # the parent's id in a stage's idempotency_key: 36 characters at most, whatever they are
+    ("dl_jobs", "substr(idempotency_key, 7, 36)"): 36 * limits.UTF8_MAX_BYTES_PER_CHAR,
     # a process's namespace and id: core.processes.check_namespace and check_process_id
     ("dl_processes", "namespace"): NAMESPACE_MAX_BYTES,
     ("dl_processes", "process_id"): PROCESS_ID_MAX_BYTES,

@@ -9,6 +9,8 @@ plus what it cannot derive from the routes alone.
   recursive through objects (`JsonValue`, `JsonObject`); arrays directly inside arrays are
   spelt out to `NESTED_ARRAYS` levels, since client generators refuse an array that holds
   itself.
+* The `args` a list of jobs or a bulk change filters by is a JSON object naming one key at
+  least; in the list's query, its JSON text (a parameter with `content`, not `schema`).
 * Links from the trigger's `job_id` to the job (and its status) and cancel, and from a
   process's start to the operations on it, so that a client (or a stateful test) knows where
   the ids go.
@@ -76,6 +78,16 @@ JSON_OBJECT: dict[str, Any] = {
 }
 
 
+#: What a job's args contain, as a list or a bulk change filters them: a JSON object naming
+#: at least one key (`{}` would match every job).
+ARGS_FILTER: dict[str, Any] = {
+    "allOf": [{"$ref": "#/components/schemas/JsonObject"}],
+    "minProperties": 1,
+}
+#: The list of jobs, whose query may hold `args` (as JSON).
+JOBS_PATH = "/api/v1/jobs"
+
+
 def install_openapi(app: FastAPI, *, secured: bool, registry: TaskRegistry) -> None:
     """Serve the exact schema from `app`, built once, on first use (tasks registered by then
     have their args in it)."""
@@ -91,6 +103,7 @@ def install_openapi(app: FastAPI, *, secured: bool, registry: TaskRegistry) -> N
             if not secured:
                 _drop_security(schema)
             _exact_args(schema)
+            _args_filters(schema)
             _task_args(schema, registry)
             _link_job_id(schema)
             _link_process(schema)
@@ -155,6 +168,20 @@ def _exact_args(schema: dict[str, Any]) -> None:
             "anyOf": [{"$ref": "#/components/schemas/JsonObject"}, {"type": "null"}],
             "description": field.get("description", "A JSON object."),
         }
+
+
+def _args_filters(schema: dict[str, Any]) -> None:
+    """The `args` a list of jobs (a query parameter, sent as JSON) and a bulk change (a body's
+    member) filter by: a JSON object naming at least one key."""
+    bulk = schema["components"]["schemas"]["JobBulkRequest"]["properties"]
+    bulk["args"] = {
+        "anyOf": [ARGS_FILTER, {"type": "null"}],
+        "description": bulk["args"].get("description", "What the jobs' args contain."),
+    }
+    for parameter in schema["paths"][JOBS_PATH]["get"]["parameters"]:
+        if parameter["name"] == "args":
+            parameter.pop("schema")
+            parameter["content"] = {"application/json": {"schema": ARGS_FILTER}}
 
 
 def _link_process(schema: dict[str, Any]) -> None:
