@@ -189,7 +189,10 @@ class ServiceProcess(JobsApi):
         return code
 
     def describe_failure(self) -> str:
-        return f"\n--- log of {self.name} ---\n{self.logs()}"
+        described = f"\n--- log of {self.name} ---\n{self.logs()}"
+        if self.proc.poll() is None:  # why a signal did not stop it: blocked, ignored, caught
+            described += f"\n--- its signals ---\n{signal_masks(self.proc.pid)}"
+        return described
 
     # --- teardown -----------------------------------------------------------------------------
 
@@ -242,3 +245,12 @@ async def launched(workdir: Path) -> AsyncIterator[Launcher]:
         yield launcher
     finally:
         await launcher.aclose()
+
+
+def signal_masks(pid: int) -> str:
+    """The signals process `pid` blocks, ignores and catches (Linux's /proc, as hex masks)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"unknown ({exc})"
+    return "\n".join(line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
