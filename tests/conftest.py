@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,12 @@ _embedded: list[Any] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Signals reach the commands the tests start as they would from a terminal, however
+    # pytest was started: a shell's background job ignores SIGINT and SIGQUIT, its children
+    # inherit that, and a Python process keeps an inherited SIGINT ignored (`dataloader watch`
+    # would then outlive a Ctrl+C). A caught or default signal is default in a child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     if not hasattr(config, "workerinput"):  # the controller: before any worker starts
         leftovers.mark_run()
 
