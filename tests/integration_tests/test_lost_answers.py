@@ -233,6 +233,12 @@ async def test_a_hand_off_whose_answer_was_lost_runs_its_job_at_once(
     await conn.execute("SELECT pg_advisory_unlock(4242)")  # the first job is claimed at once
     first, second = await enqueue_many(conn, [job("t.gated", "k"), job("t.quick", "k")])
     await wait_until(pipeline_running(service.manager, str(first.job_id)), what="the first job")
+
+    # parked behind the first, as a claim that found its key running parks it (whether one has
+    # yet depends on the claim loop's timing): then no claim walks the second job, and none can
+    # hold its row as the first one's end looks for the next job of its key (that look skips a
+    # locked row, and a claim would then take the job, not the hand-off)
+    await conn.execute("UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = $1", second.job_id)
     await conn.execute("SELECT pg_advisory_lock(4242)")
     gate.set()
     await lose_the_answer_of_a_claim(conn, proxy)
