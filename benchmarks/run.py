@@ -84,6 +84,11 @@ def job(i: int, args: dict[str, Any] | None = None) -> NewJob:
     return NewJob(queue=QUEUE, task="noop", lock_key=f"job-{i}", args=args or {})
 
 
+def lock_free_job(i: int) -> NewJob:
+    """A job that excludes no other (no lock_key): no advisory lock, no key bookkeeping."""
+    return NewJob(queue=QUEUE, task="noop")
+
+
 class Bench:
     """Database handling shared by the phases."""
 
@@ -631,12 +636,16 @@ async def _peer_drain(b: Bench, n: int) -> dict[str, float]:
 async def service_drain(b: Bench) -> dict[str, Any]:
     """The service against the library on the same jobs: `demo.noop` jobs with distinct lock
     keys enqueued in one transaction, drained at concurrency 10 by `python -m dataloader` (its
-    defaults: INFO logs, the HTTP API) or by a `Runner`; and pgqueuer out of the box when the
-    shared harness is there. In rounds that rotate the order; medians."""
+    defaults: INFO logs, the HTTP API) or by a `Runner`; the service on the same number of
+    jobs without a lock_key (`service_lock_free`: no mutual exclusion, as a pgqueuer job);
+    and pgqueuer out of the box when the shared harness is there. In rounds that rotate the
+    order; medians."""
     n, rounds = b.n(20000), 1 if b.quick else 3
     jobs = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(n)]
+    free = [NewJob(queue=QUEUE, task="demo.noop") for _ in range(n)]
     kinds: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
         "service": lambda: _drain_by(b, "service", jobs, 10),
+        "service_lock_free": lambda: _drain_by(b, "service", free, 10),
         "library": lambda: _drain_by(b, "library", jobs, 10),
     }
     if PEER_PYTHON.exists() and (HARNESS / "run.py").exists():
@@ -652,9 +661,10 @@ async def service_drain(b: Bench) -> dict[str, Any]:
             result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
     result["ratio"] = result["service_jobs_per_s"] / result["library_jobs_per_s"]
     if "pgqueuer_defaults" in runs:
-        result["service_vs_pgqueuer_defaults"] = (
-            result["service_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
-        )
+        for kind in ("service", "service_lock_free"):
+            result[f"{kind}_vs_pgqueuer_defaults"] = (
+                result[f"{kind}_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
+            )
     return result
 
 

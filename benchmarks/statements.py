@@ -1,5 +1,6 @@
-"""What one job costs PostgreSQL, statement by statement: `n` no-op jobs (a lock_key each) are
-enqueued in batches of 1,000 and drained by 10 slots of a `Runner`, on a server with
+"""What one job costs PostgreSQL, statement by statement: `n` no-op jobs (a lock_key each, or
+none with `--lock-free`) are enqueued in batches of 1,000 and drained by 10 slots of a
+`Runner`, on a server with
 `pg_stat_statements` loaded; then each statement's calls, server time, rows, buffers and WAL
 per job are printed, the costliest first, and the database's tables and indexes by size.
 
@@ -15,10 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 import run
+
+from dataloader import NewJob
 
 #: Per statement, its share of the drain: calls, time, rows, buffers touched and WAL.
 PROFILE = """
@@ -43,15 +47,18 @@ ORDER BY bytes DESC
 """
 
 
-async def profile(bench: run.Bench, n: int) -> tuple[list[asyncpg.Record], list[Any], float]:
-    """The statements of enqueueing and draining `n` jobs, their sizes after, and jobs/s."""
+async def profile(
+    bench: run.Bench, n: int, make: Callable[[int], NewJob] = run.job
+) -> tuple[list[asyncpg.Record], list[Any], float]:
+    """The statements of enqueueing and draining `n` jobs (`make(i)`), their sizes after, and
+    jobs/s."""
     await bench.fresh_database()
     conn = await asyncpg.connect(bench.dsn)
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.execute("SELECT pg_stat_statements_reset()")
         started = time.perf_counter()
-        await bench.bulk_insert(n)
+        await bench.bulk_insert(n, make)
         await bench.drain(n, 10)
         rate = n / (time.perf_counter() - started)
         statements = await conn.fetch(PROFILE)
@@ -91,9 +98,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", required=True, help="a server's admin DSN")
     parser.add_argument("--n", type=int, default=20_000, help="jobs (default 20,000)")
+    parser.add_argument(
+        "--lock-free", action="store_true", help="jobs without a lock_key (no mutual exclusion)"
+    )
     options = parser.parse_args()
     bench = run.Bench(options.dsn, quick=False)
-    statements, sizes, rate = await profile(bench, options.n)
+    make = run.lock_free_job if options.lock_free else run.job
+    statements, sizes, rate = await profile(bench, options.n, make)
     print_profile(statements, sizes, options.n, rate)
 
 

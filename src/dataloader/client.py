@@ -226,7 +226,7 @@ class Client:
         task: str | Task,
         args: dict[str, Any] | BaseModel | None = None,
         *,
-        lock_key: str,
+        lock_key: str | None = None,
         queue: str | None = None,
         idempotency_key: str | None = None,
         partition_key: str = "",
@@ -278,6 +278,10 @@ class Client:
         """Enqueue one job of `task` with `args` (a dict or the task's model), or one
         `NewJob` built beforehand.
 
+        Jobs sharing a `lock_key` never run at the same time, on any replica (one entity's
+        jobs, a table's loads). Without one the job excludes no other: it takes no lock, and
+        waits for none.
+
         Options: queue, idempotency_key, partition_key, priority, available_at (a datetime,
         or a timedelta counted from the database's clock), max_attempts, lease_ttl, producer,
         consumer_group, and `rerun=True`: when the idempotency key already names a job, run it
@@ -292,8 +296,6 @@ class Client:
                 raise TypeError("enqueue(NewJob) takes no other job fields")
             new = task
             filled = self._options([new]).get(new.task)
-        elif lock_key is None:
-            raise InvalidJob("lock_key", "required: jobs sharing a lock_key never overlap")
         else:
             new, filled = self.job(task, args, lock_key=lock_key, **options), None
         async with self._writing_on(connection).connection() as conn:

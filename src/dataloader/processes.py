@@ -304,7 +304,7 @@ class Processes:
         except TimeoutError:
             raise ProcessTimeout(task_id, timeout) from None
         namespace = namespace_of(state.task)
-        if namespace is None:
+        if namespace is None or state.lock_key is None:
             raise JobNotFound(f"job {task_id} is not a task of a process")
         if heard is not None:
             metrics.observe_process_stage("notification", namespace, heard)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -264,7 +265,7 @@ class _Job:
     queue: str
     task: str
     args: dict[str, Any]
-    lock_key: str
+    lock_key: str | None  # None: it excludes no other job
     idempotency_key: str | None
     priority: int
     max_attempts: int
@@ -328,7 +329,7 @@ class InMemoryQueue:
         task: str,
         args: dict[str, Any] | None = None,
         *,
-        lock_key: str,
+        lock_key: str | None = None,
         queue: str | None = None,
         idempotency_key: str | None = None,
         priority: int | None = None,
@@ -395,7 +396,7 @@ class InMemoryQueue:
     async def stats(self, queue: str) -> QueueStats:
         """What `queue` holds now (`waiting`: due jobs whose lock_key's job runs)."""
         jobs = [j for j in self._jobs.values() if j.queue == queue]
-        running_keys = {j.lock_key for j in jobs if j.status is JobStatus.RUNNING}
+        running_keys = _running_keys(jobs)
         queued = [j for j in jobs if j.status is JobStatus.QUEUED]
         due = [j for j in queued if j.available_at <= self.now]
         waiting = sum(j.lock_key in running_keys for j in due)
@@ -416,7 +417,7 @@ class InMemoryQueue:
         """Up to `limit` due jobs of `queue` in claim order (priority, then age), at most one
         per lock_key and none whose lock_key's job runs; each runs for its lease (its
         visibility timeout) unless completed, retried or failed first."""
-        running_keys = {j.lock_key for j in self._jobs.values() if j.status is JobStatus.RUNNING}
+        running_keys = _running_keys(self._jobs.values())
         due = sorted(
             (
                 j
@@ -429,7 +430,8 @@ class InMemoryQueue:
         for job in due:
             if len(claimed) >= limit or job.lock_key in running_keys:
                 continue
-            running_keys.add(job.lock_key)
+            if job.lock_key is not None:
+                running_keys.add(job.lock_key)
             job.status, job.attempt, job.claim_seq = (
                 JobStatus.RUNNING,
                 job.attempt + 1,
@@ -517,6 +519,11 @@ def _maybe_at(clock: float | None) -> datetime | None:
     return None if clock is None else _at(clock)
 
 
+def _running_keys(jobs: Iterable[_Job]) -> set[str]:
+    """The lock_keys of the running jobs (a job without one holds none)."""
+    return {j.lock_key for j in jobs if j.status is JobStatus.RUNNING and j.lock_key is not None}
+
+
 def _claimed(job: _Job) -> ClaimedJob:
     assert job.claim_token is not None
     return ClaimedJob(
@@ -525,7 +532,7 @@ def _claimed(job: _Job) -> ClaimedJob:
         task=job.task,
         args=job.args,
         lock_key=job.lock_key,
-        lock_hash=0,
+        lock_hash=None if job.lock_key is None else 0,
         partition_key="",
         priority=job.priority,
         attempt=job.attempt,

@@ -198,6 +198,25 @@ async def test_jobs_of_one_lock_key_run_one_at_a_time(backend: Backend) -> None:
     assert (state.status, state.result) == (JobStatus.SUCCEEDED, {"rows": 3})
 
 
+async def test_jobs_without_a_lock_key_run_together_and_hold_back_nothing(
+    backend: Backend,
+) -> None:
+    """Two jobs without a lock_key are claimed together and say they need no lock; a job with
+    a key runs beside them; each ends as any job does."""
+    free = [(await backend.enqueue("t.leased", {"n": n})).job_id for n in range(2)]
+    keyed = await enqueue(backend, "k")
+    claimed = await backend.claim(QUEUE, 3)
+    assert [c.job_id for c in claimed] == [*free, keyed]
+    assert [(c.lock_key, c.lock_hash is None) for c in claimed[:2]] == [(None, True)] * 2
+    assert (claimed[2].lock_key, claimed[2].lock_hash is None) == ("k", False)
+    assert all([await backend.complete(c) for c in claimed])
+    for job_id in [*free, keyed]:
+        assert await status(backend, job_id) == (JobStatus.SUCCEEDED, 1)
+    state = await backend.get(free[0])
+    assert state is not None
+    assert state.lock_key is None
+
+
 async def test_a_lease_that_runs_out_gives_the_job_to_the_next_claim(backend: Backend) -> None:
     job = await enqueue(backend, "a")
     (stale,) = await backend.claim(QUEUE)

@@ -66,8 +66,8 @@ async def test_enqueue_refuses_bad_input_in_one_line_with_exit_2(
 
 
 async def test_a_usage_error_is_one_line_that_names_the_command(cli: Cli) -> None:
-    line = refused(await cli("enqueue", "demo.noop", "--queue", "q"))
-    assert line == ("dataloader: Missing option '--lock-key'. (see `dataloader enqueue --help`)")
+    line = refused(await cli("enqueue", "--queue", "q"))
+    assert line == ("dataloader: Missing argument 'TASK'. (see `dataloader enqueue --help`)")
     assert "No such option: --nope" in refused(await cli("jobs", "--nope"))
     assert "No such command 'jbos'" in refused(await cli("jbos"))
 

@@ -68,6 +68,10 @@ async def test_enqueue_prints_the_job_and_journals_the_cli_as_its_actor(
     assert shown.stdout.strip() == f"job {job_id} queued"
     assert await journal(client, job_id) == [("queued", "cli:alice")]
 
+    # without --lock-key the job excludes no other
+    free = await cli.json("enqueue", "demo.noop", "--queue", "etl")
+    assert (await client.get(free["job_id"])).lock_key is None
+
 
 async def test_enqueue_under_a_known_idempotency_key_says_so(cli: Cli) -> None:
     command = ("enqueue", "demo.noop", "--queue", "etl", "--lock-key", "k")
@@ -142,13 +146,13 @@ async def test_enqueue_refuses_another_queue_than_the_tasks_naming_both(
 @pytest.mark.parametrize(
     "args",
     [
-        ["enqueue", "demo.noop", "--queue", "q"],  # no --lock-key
+        ["enqueue", "demo.noop", "--queue"],  # no value
         ["jobs", "--limit", "0"],
         ["jobs", "--status", "done"],
         ["watch"],
         ["enqueue", "demo.noop", "--lock-key", "k", "--delay", "-1"],
     ],
-    ids=["missing-option", "limit-out-of-range", "unknown-status", "missing-argument", "delay"],
+    ids=["missing-value", "limit-out-of-range", "unknown-status", "missing-argument", "delay"],
 )
 async def test_usage_errors_exit_2(cli: Cli, args: list[str]) -> None:
     result = await cli(*args)

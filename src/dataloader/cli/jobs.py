@@ -56,8 +56,12 @@ from dataloader.tasks import registry as default_registry
 def enqueue(
     task: Annotated[str, typer.Argument(metavar="TASK", help="The task's name, e.g. demo.sleep.")],
     lock_key: Annotated[
-        str, typer.Option(help="Jobs sharing a lock key never run at the same time.")
-    ],
+        str | None,
+        typer.Option(
+            help="Jobs sharing a lock key never run at the same time (default: none; the job"
+            " excludes no other)."
+        ),
+    ] = None,
     queue: Annotated[
         str | None, typer.Option(help="The queue (default: the task's own, if it names one).")
     ] = None,

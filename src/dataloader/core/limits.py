@@ -256,6 +256,7 @@ JOB_FIELD_CHECKS: Final[dict[str, Callable[[object], object]]] = {
 OPTIONAL_JOB_FIELDS: Final = frozenset(
     {
         "queue",
+        "lock_key",
         "idempotency_key",
         "priority",
         "available_at",

@@ -80,11 +80,14 @@ class NewJob:
     Checked when built: a field out of bounds raises `InvalidJob` naming it, before anything
     is sent. `queue`, `priority`, `max_attempts` and `lease_ttl_sec` may be left None: they
     come from the task's definition or the settings (`JobOptions`), filled when it is
-    inserted.
+    inserted. A job without a `lock_key` needs no mutual exclusion: it takes no lock and
+    waits for no other job (see `lock_free`).
     """
 
     task: str
-    lock_key: str
+    #: Jobs sharing a lock_key never run at the same time (an advisory lock on its hash, as
+    #: the spec's protocol takes); None: this job excludes no other.
+    lock_key: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     queue: str | None = None
     idempotency_key: str | None = None
@@ -142,6 +145,11 @@ class NewJob:
     def delay_sec(self) -> float | None:
         return None if self.delay is None else self.delay.total_seconds()
 
+    @property
+    def lock_free(self) -> bool:
+        """Whether the job runs without mutual exclusion (no lock_key given)."""
+        return self.lock_key is None
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
@@ -173,7 +181,8 @@ class JobState:
     cancel_requested: bool
     created_at: datetime
     available_at: datetime
-    lock_key: str
+    #: None: the job runs without mutual exclusion (it was enqueued without a lock_key).
+    lock_key: str | None
     idempotency_key: str | None
     priority: int
     #: The task's return value when the last attempt succeeded (JSON), else None.

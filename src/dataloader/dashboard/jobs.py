@@ -176,7 +176,10 @@ async def why_waiting(client: Client, job: JobState, partition_key: str | None) 
     if job.status is not JobStatus.QUEUED:
         return []
     queue = (await client.stats(job.queue)).get(job.queue)
-    running = await client.list(lock_key=job.lock_key, status=JobStatus.RUNNING, limit=1)
+    holder = None
+    if job.lock_key is not None:  # a lock_free job waits for no other
+        running = await client.list(lock_key=job.lock_key, status=JobStatus.RUNNING, limit=1)
+        holder = running.jobs[0] if running.jobs else None
     workers = await client.workers()
     per_partition = None if queue is None else queue.limits.max_running_per_partition
     partition_running = None
@@ -192,7 +195,7 @@ async def why_waiting(client: Client, job: JobState, partition_key: str | None) 
         job,
         now=datetime.now(UTC),
         queue=queue,
-        holder=running.jobs[0] if running.jobs else None,
+        holder=holder,
         served_queues={queue for w in workers for queue in w.queues},
         known_tasks={task for w in workers for task in w.tasks},
         partition_running=partition_running,

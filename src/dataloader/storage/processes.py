@@ -90,7 +90,7 @@ SELECT p.process_ref, p.namespace, p.process_id, p.queue, p.status, p.detail,
        EXISTS (SELECT 1 FROM dl_jobs r
                WHERE (r.status = 'running') IS TRUE
                  AND hashtext(r.lock_key) = hashtext(:lock_key) AND r.lock_key = :lock_key
-                 AND r.job_id <> :task_id) AS busy
+                 AND NOT r.lock_free AND r.job_id <> :task_id) AS busy
 FROM dl_processes p
 WHERE p.process_ref = :process_ref AND p.removed_at IS NULL
 """)
@@ -248,7 +248,7 @@ QUEUED_TASKS: Final = Statement("""
 SELECT job_id FROM dl_jobs
 WHERE status = 'queued'
   AND hashtext(lock_key) = ANY(ARRAY(SELECT hashtext(k) FROM unnest(:lock_keys::text[]) k))
-  AND lock_key = ANY(:lock_keys::text[])
+  AND lock_key = ANY(:lock_keys::text[]) AND NOT lock_free
 """)
 
 #: Delete up to `limit` events of processes removed over `after_sec` ago, the longest removed

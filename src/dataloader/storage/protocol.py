@@ -76,8 +76,10 @@ class ClaimedJob:
     queue: str
     task: str
     args: dict[str, Any]
-    lock_key: str
-    lock_hash: int
+    #: Its lock_key and the hash its advisory lock is taken on; both None for a job that runs
+    #: without mutual exclusion (enqueued without a lock_key: it takes no lock).
+    lock_key: str | None
+    lock_hash: int | None
     partition_key: str
     priority: int
     attempt: int

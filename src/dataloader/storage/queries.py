@@ -28,21 +28,22 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 # --- producers ---------------------------------------------------------------------------------
 
 #: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
-#: the same statement.
+#: the same statement. A job without a lock_key (NULL) is `lock_free`, its job_id its key.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
 #: `delay_sec` (with no `available_at`) counts from the database's clock, to the microsecond (a
 #: float: cast, since the literal 0 beside it would make it an integer, a delay of 0.3 s none).
 INSERT_JOB: Final = Statement("""
 WITH ins AS (
-    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
-                         priority, available_at, max_attempts, lease_ttl_sec, producer,
-                         consumer_group, parked)
-    SELECT COALESCE(:job_id::uuid, gen_random_uuid()), :queue, :task, :args::text::jsonb,
-           :idempotency_key, :lock_key,
+    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
+                         partition_key, priority, available_at, max_attempts, lease_ttl_sec,
+                         producer, consumer_group, parked)
+    SELECT new.id, :queue, :task, :args::text::jsonb, :idempotency_key,
+           COALESCE(:lock_key::text, new.id::text), :lock_key::text IS NULL,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
            :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
-    FROM (SELECT COALESCE(:available_at,
+    FROM (SELECT COALESCE(:job_id::uuid, gen_random_uuid()) AS id) AS new,
+         (SELECT COALESCE(:available_at,
                           now() + make_interval(secs => COALESCE(:delay_sec::float8, 0))) AS at
          ) AS due
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -61,15 +62,16 @@ SELECT job_id, status::text AS status FROM ins
 #: and so are repeats of a key within the batch (its first occurrence is inserted); the
 #: inserted ids come back. Journals `queued` for each inserted job (`actor` as `by`).
 #: `delay_sec` is read by position, and may be empty when no job has a delay (it then costs
-#: nothing per job).
+#: nothing per job). A job without a lock_key (NULL) is `lock_free`, its job_id its key.
 INSERT_JOBS: Final = Statement("""
 WITH ins AS (
-    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, partition_key,
-                         priority, available_at, max_attempts, lease_ttl_sec, producer,
-                         consumer_group, parked)
-    SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key, t.lock_key,
-           t.partition_key, t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer,
-           t.consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
+    INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
+                         partition_key, priority, available_at, max_attempts, lease_ttl_sec,
+                         producer, consumer_group, parked)
+    SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key,
+           COALESCE(t.lock_key, t.job_id::text), t.lock_key IS NULL, t.partition_key,
+           t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group,
+           CASE WHEN due.at > now() THEN 'delayed' END
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
                 :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
                 :priority::int[], :available_at::timestamptz[], :max_attempts::int[],
@@ -108,7 +110,9 @@ SELECT t.idempotency_key, j.job_id, j.status::text AS status, j.attempt, j.max_a
            CASE WHEN j.queue <> t.queue THEN 'queue' END,
            CASE WHEN j.task <> t.task THEN 'task' END,
            CASE WHEN j.args <> t.args::jsonb THEN 'args' END,
-           CASE WHEN j.lock_key <> t.lock_key THEN 'lock_key' END,
+           -- a job without a lock_key (NULL) is the same only as another without one
+           CASE WHEN j.lock_free <> (t.lock_key IS NULL) OR j.lock_key <> t.lock_key
+                THEN 'lock_key' END,
            CASE WHEN j.partition_key <> t.partition_key THEN 'partition_key' END,
            CASE WHEN j.priority <> t.priority THEN 'priority' END,
            CASE WHEN t.available_at <> (
@@ -149,7 +153,8 @@ SELECT args::text AS args, partition_key FROM dl_jobs WHERE job_id = :job_id
 JOB_STATUS: Final = Statement("""
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
-       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
+       idempotency_key, priority, result::text AS result,
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs WHERE job_id = :job_id
 """)
@@ -159,7 +164,8 @@ FROM dl_jobs WHERE job_id = :job_id
 JOB_STATUSES: Final = Statement("""
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
-       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
+       idempotency_key, priority, result::text AS result,
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs WHERE job_id = ANY(:job_ids::uuid[])
 """)
@@ -185,7 +191,9 @@ JOB_FILTERS: Final = {
     # a generic plan too, that the index of tasks' failures (0024) holds every match
     "ended_badly": "status IN ('failed', 'lost', 'canceled')",
     "task": "task = :task",
-    "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key",
+    # a job without a lock_key (lock_free: its key is its job_id) has none to be found by
+    "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key"
+    " AND NOT lock_free",
     # a partition_key given (not ''): the partition_key index holds only those
     "partition_key": "hashtext(partition_key) = hashtext(:partition_key)"
     " AND partition_key = :partition_key AND partition_key <> ''",
@@ -208,7 +216,8 @@ JOB_FILTERS: Final = {
 _LIST_JOBS = """
 SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
        created_at, available_at, started_at, finished_at, heartbeat_at, error,
-       progress::text AS progress, lock_key, idempotency_key, priority, result::text AS result,
+       progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
+       idempotency_key, priority, result::text AS result,
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs
 WHERE {conditions}
@@ -374,7 +383,7 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: and at most 0 when one is due now and waits to be put back by PUT_BACK_DUE).
 _CLAIM = """
 WITH walked AS (
-    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.priority, j.created_at,
+    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.lock_free, j.priority, j.created_at,
            j.available_at, j.available_at > now() AS not_due, j.partition_key, j.task
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
@@ -385,12 +394,14 @@ WITH walked AS (
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
 ), judged AS (
-    -- A per-row probe of ix_dl_jobs_running_lock_hash. Wrapped in a scalar subquery on
-    -- purpose: a bare EXISTS becomes a join that may scan every running job.
-    SELECT w.*, w.not_due OR (SELECT EXISTS (
+    -- A per-row probe of ix_dl_jobs_running_lock_hash, but for a lock_free job (which no key
+    -- holds back). Wrapped in a scalar subquery on purpose: a bare EXISTS becomes a join that
+    -- may scan every running job.
+    SELECT w.*, w.not_due OR CASE WHEN w.lock_free THEN false ELSE (SELECT EXISTS (
                SELECT 1 FROM dl_jobs r
-               WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash))
-               AS blocked
+               WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = w.lock_hash
+                 AND NOT r.lock_free))
+               END AS blocked
     FROM walked w
 ){limited_ctes}, slotted AS (
     -- whether each candidate takes a slot of its own: a one-job task's job does, and so does
@@ -430,7 +441,10 @@ WITH walked AS (
         heartbeat_at = now()
     FROM picked
     WHERE j.job_id = picked.job_id
-    RETURNING j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
+    RETURNING j.job_id, j.queue, j.task, j.args,
+              -- a lock_free job's key is its own: none to lock (NULL)
+              CASE WHEN NOT j.lock_free THEN j.lock_key END AS lock_key,
+              CASE WHEN NOT j.lock_free THEN hashtext(j.lock_key) END AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
               j.lease_ttl_sec, j.cancel_requested, j.claim_seq, j.claim_token, j.handbacks,
               j.rerun_requested, j.checkpoint::text AS checkpoint,
@@ -587,7 +601,9 @@ LOCK_QUEUE_CLAIMS: Final = Statement("SELECT pg_advisory_xact_lock(1684828012, h
 #: only running jobs enter (a rare statement: no index of its own to keep up on every claim).
 #: The columns are CLAIM_JOBS's (no wait measured).
 RECOVER_CLAIMS: Final = Statement("""
-SELECT j.job_id, j.queue, j.task, j.args, j.lock_key, hashtext(j.lock_key) AS lock_hash,
+SELECT j.job_id, j.queue, j.task, j.args,
+       CASE WHEN NOT j.lock_free THEN j.lock_key END AS lock_key,
+       CASE WHEN NOT j.lock_free THEN hashtext(j.lock_key) END AS lock_hash,
        j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts, j.lease_ttl_sec,
        j.cancel_requested, j.claim_seq, j.claim_token, j.handbacks, j.rerun_requested,
        j.checkpoint::text AS checkpoint, NULL::float8 AS waited_sec
@@ -609,16 +625,18 @@ WHERE j.status = 'running' AND j.worker_id = :worker_id
 #: parked.
 PARK_JOBS: Final = Statement("""
 WITH walked AS (
-    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.available_at > now() AS not_due
+    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.lock_free,
+           j.available_at > now() AS not_due
     FROM dl_jobs j
     WHERE j.job_id = ANY(:job_ids::uuid[]) AND j.status = 'queued' AND j.parked IS NULL
     FOR UPDATE SKIP LOCKED
 ), busy_keys AS (
     SELECT g.lock_hash
-    FROM (SELECT DISTINCT lock_hash FROM walked WHERE NOT not_due) AS g
+    FROM (SELECT DISTINCT lock_hash FROM walked WHERE NOT not_due AND NOT lock_free) AS g
     CROSS JOIN LATERAL (
         SELECT 1 FROM dl_jobs r
         WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = g.lock_hash
+          AND NOT r.lock_free
         LIMIT 1
         FOR SHARE OF r SKIP LOCKED
     ) AS held
@@ -628,13 +646,14 @@ WITH walked AS (
     CROSS JOIN LATERAL (
         SELECT q.job_id FROM dl_jobs q
         WHERE q.status = 'queued' AND hashtext(q.lock_key) = b.lock_hash AND q.parked IS NULL
+          AND NOT q.lock_free
           AND (q.available_at <= now()) IS TRUE  -- one not due is parked `delayed` when walked
         LIMIT :siblings
         FOR UPDATE OF q SKIP LOCKED
     ) AS s
 ), chosen AS (
     SELECT job_id, CASE WHEN not_due THEN 'delayed' ELSE 'lock_key' END AS why FROM walked
-    WHERE not_due OR lock_hash IN (SELECT lock_hash FROM busy_keys)
+    WHERE not_due OR (NOT lock_free AND lock_hash IN (SELECT lock_hash FROM busy_keys))
     UNION
     SELECT job_id, 'lock_key' FROM siblings
 ), parked AS (
@@ -687,15 +706,17 @@ WITH RECURSIVE hashes AS (
     WHERE hashes.h IS NOT NULL
       AND NOT (SELECT EXISTS (
           SELECT 1 FROM dl_jobs r
-          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashes.h))
+          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashes.h
+            AND NOT r.lock_free))
       AND NOT (SELECT EXISTS (  -- nor any ready to run
           SELECT 1 FROM dl_jobs q
-          WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashes.h AND q.parked IS NULL))
+          WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashes.h AND q.parked IS NULL
+            AND NOT q.lock_free))
     LIMIT :limit
 ), first_parked AS (
     SELECT (SELECT q.job_id FROM dl_jobs q
             WHERE q.status = 'queued' AND hashtext(q.lock_key) = stranded.h
-              AND q.parked = 'lock_key'
+              AND q.parked = 'lock_key' AND NOT q.lock_free
             ORDER BY q.priority, q.created_at LIMIT 1) AS job_id
     FROM stranded
 ), put_back AS (
@@ -717,7 +738,8 @@ SELECT CASE
     WHEN pg_try_advisory_xact_lock(hashtext(j.lock_key)) THEN 'none'
     WHEN EXISTS (SELECT 1 FROM dl_jobs r
                  WHERE (r.status = 'running') IS TRUE
-                   AND hashtext(r.lock_key) = hashtext(j.lock_key) AND r.job_id <> j.job_id)
+                   AND hashtext(r.lock_key) = hashtext(j.lock_key) AND r.job_id <> j.job_id
+                   AND NOT r.lock_free)
         THEN 'running job'
     ELSE 'outside dataloader' END AS holder
 FROM dl_jobs j
@@ -887,8 +909,8 @@ WITH u AS (
                       THEN 'delayed' END
     FROM mine m
     WHERE j.job_id = m.job_id AND m.fenced
-    RETURNING j.job_id, j.queue, j.lock_key, j.available_at, j.status, m.expect_status,
-              m.expect_attempt, m.journal, m.detail
+    RETURNING j.job_id, j.queue, j.lock_key, j.lock_free, j.available_at, j.status,
+              m.expect_status, m.expect_attempt, m.journal, m.detail
 ), ev AS (
     INSERT INTO dl_job_events (job_id, queue, kind, payload)
     SELECT job_id, queue, journal,
@@ -938,12 +960,15 @@ SELECT u.job_id, 'written' AS state, u.queue, u.lock_key, u.expect_status AS lef
        u.status::text AS took_status,
        -- whether a due job waits for the lock_key hash this frees: a job leaving `running`,
        -- or a queued job ending (it may have been the one its key's parked jobs waited
-       -- behind); by ix_dl_jobs_queued_lock_hash, as WAKE_LOCK_WAITERS looks
+       -- behind), but for a lock_free job (it held no key); by ix_dl_jobs_queued_lock_hash,
+       -- as WAKE_LOCK_WAITERS looks
+       CASE WHEN u.lock_free THEN false ELSE
        (u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued'))
        AND (SELECT EXISTS (
            SELECT 1 FROM dl_jobs q
            WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
-             AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id)) AS waiter,
+             AND NOT q.lock_free
+             AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id)) END AS waiter,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
        NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested
 FROM upd u
@@ -980,6 +1005,7 @@ _NEXT_UP = """
         -- (every due job of every queue read, for each job written)
         SELECT q.job_id, q.queue, q.lock_key, q.parked FROM dl_jobs q
         WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(f.lock_key)
+          AND NOT q.lock_free
           AND (q.available_at <= now()) IS TRUE AND q.job_id <> f.job_id
           AND q.job_id NOT IN (SELECT job_id FROM written)
         ORDER BY q.priority, q.created_at
@@ -1120,12 +1146,13 @@ FINISH_JOBS_CTES: Final = "".join(
         """
 , freed AS (
     -- a job leaving `running`, or a queued job ending (it may have been the one its key's
-    -- parked jobs waited behind)
+    -- parked jobs waited behind); a lock_free job frees no key
     SELECT u.job_id, u.lock_key, u.queue, u.expect_status = 'running' AS left_running,
            u.expect_status = 'running' AND u.status::text <> 'running'
                AND u.job_id = ANY(:hand_off::uuid[]) AS handing
     FROM upd u
-    WHERE u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued')
+    WHERE (u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued'))
+      AND NOT u.lock_free
 ), written AS (
     SELECT job_id FROM upd
 )""",

@@ -90,11 +90,13 @@ class Slots:
         units: list[list[RunningJob]] = []
         filling: dict[str, list[RunningJob]] = {}  # the batch of each task being filled
         for job in jobs:  # no await in this loop: every lock taken gets its job in the running set
-            if job.lock_hash not in locked:
-                busy.append(job)
-                continue
-            locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
-            running = self._rt.running[job.job_id] = RunningJob(job, locked=True)
+            if job.lock_hash is not None:  # None: a lock_free job, which needs no lock
+                if job.lock_hash not in locked:
+                    busy.append(job)
+                    continue
+                locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
+            running = RunningJob(job, locked=job.lock_hash is not None)
+            self._rt.running[job.job_id] = running
             _count_start(job)
             size = self._batch_size_of(job.task)
             unit = filling.get(job.task)
@@ -164,7 +166,7 @@ class Slots:
 
     async def _execute(self, running: RunningJob) -> None:
         job = running.job
-        if not self._rt.locks.holds(job.lock_hash):  # the lock connection died meanwhile
+        if not self._rt.locks.covers(job.lock_hash):  # the lock connection died meanwhile
             running.lose("the lock connection was lost before the job started")
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
             log.debug("job started (attempt %d of %d)", job.attempt, job.max_attempts)
@@ -182,7 +184,7 @@ class Slots:
         writing as the handler makes it, the jobs left open once it ends after that."""
         runs = {running.job.job_id: running for running in unit}
         for running in unit:
-            if not self._rt.locks.holds(running.job.lock_hash):
+            if not self._rt.locks.covers(running.job.lock_hash):
                 running.lose("the lock connection was lost before the job started")
         queue = unit[0].job.queue
         with log_context(queue=queue, task=task.name):

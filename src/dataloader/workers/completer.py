@@ -324,7 +324,9 @@ class Completer:
         return [
             p
             for p in todo
-            if p.outcome.ended in HANDS_OFF and self._slots.keep_slot(p.running.job.queue)
+            if p.outcome.ended in HANDS_OFF
+            and p.running.job.lock_hash is not None  # a lock_free job frees no key
+            and self._slots.keep_slot(p.running.job.queue)
         ]
 
     def _decide(self, pending: _Pending, facts: JobFacts) -> Transition:

@@ -76,6 +76,10 @@ class LockHolder:
         """Whether this process holds (or is acquiring) `lock_hash` on its live connection."""
         return self._conn is not None and self._held.get(lock_hash) == self._generation
 
+    def covers(self, lock_hash: int | None) -> bool:
+        """Whether a job of `lock_hash` may run: it needs no lock (None), or its lock is held."""
+        return lock_hash is None or self.holds(lock_hash)
+
     @property
     def backend_pid(self) -> int | None:
         """Server pid of the lock connection (for operators and tests)."""
@@ -107,11 +111,14 @@ class LockHolder:
             await conn.close(timeout=5)
         self._held.clear()
 
-    async def try_lock(self, lock_hashes: Iterable[int]) -> set[int]:
+    async def try_lock(self, lock_hashes: Iterable[int | None]) -> set[int]:
         """Lock what can be locked; returns the hashes now held for the caller. A hash already
-        held in this process, or listed twice, is busy."""
+        held in this process, or listed twice, is busy; None (a job that needs no lock) is
+        left out, and a call with nothing else runs no statement."""
         # in order, each once (a dict keeps order and tests membership at once)
-        wanted = list(dict.fromkeys(h for h in lock_hashes if h not in self._held))
+        wanted = list(
+            dict.fromkeys(h for h in lock_hashes if h is not None and h not in self._held)
+        )
         if not wanted:
             return set()
         generation = self._generation
@@ -136,11 +143,12 @@ class LockHolder:
                     del self._held[lock_hash]
         return got
 
-    async def unlock(self, lock_hashes: Iterable[int]) -> None:
-        """Release hashes reserved by this process; those locked on the live connection in one
-        round trip (a lost connection's locks went with it)."""
+    async def unlock(self, lock_hashes: Iterable[int | None]) -> None:
+        """Release hashes reserved by this process (None: a job that needed no lock); those
+        locked on the live connection in one round trip (a lost connection's locks went with
+        it)."""
         live: list[int] = []
-        for lock_hash in set(lock_hashes):
+        for lock_hash in {h for h in lock_hashes if h is not None}:
             generation = self._held.pop(lock_hash, None)
             if generation == self._generation and self._conn is not None:
                 live.append(lock_hash)

@@ -96,6 +96,8 @@ class ProcessSteps:
             args = TaskArgs.of_job(job.args)
         except ValueError as exc:
             return Outcome(Ended.FAILED, f"invalid args: {exc}", retryable=False)
+        if job.lock_key is None:  # enqueued by hand, without its process's key
+            return Outcome(Ended.FAILED, "a process's task needs its lock_key", retryable=False)
         try:
             async with self._connections.connection() as conn:
                 found = await step_input(
@@ -212,6 +214,7 @@ class ProcessSteps:
     ) -> StepSave:
         """What the task's end writes to its process: `write`, and the job of a new timer."""
         job = running.job
+        assert job.lock_key is not None  # `execute` fails a task without one
         timer_job = None
         timer = write.new_timer
         if timer is not None:

@@ -127,6 +127,8 @@ class WorkerRuntime:
         )
 
     def lose_all(self, reason: str) -> None:
-        """Every lock is gone (lock connection lost): stop every running pipeline."""
+        """Every lock is gone (lock connection lost): stop every running pipeline that needs
+        one (a lock_free job runs on)."""
         for running in list(self.running.values()):
-            running.lose(reason)
+            if running.job.lock_hash is not None:
+                running.lose(reason)

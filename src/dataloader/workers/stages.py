@@ -38,6 +38,7 @@ def stage_jobs(parent: ClaimedJob, stages: Sequence[Stage], client: Client) -> t
             client.job(
                 stage.task,
                 stage.args,
+                # a lock_free job's stages are lock_free too
                 lock_key=stage.lock_key if stage.lock_key is not None else parent.lock_key,
                 partition_key=(
                     stage.partition_key if stage.partition_key is not None else parent.partition_key

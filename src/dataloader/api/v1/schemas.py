@@ -177,7 +177,10 @@ class JobStatusResponse(BaseModel):
     cancel_requested: bool
     created_at: datetime
     available_at: datetime
-    lock_key: str
+    lock_key: str | None = Field(
+        description="Jobs sharing a lock_key never run at the same time; null for a job"
+        " enqueued without one (from the library or the CLI), which excludes no other."
+    )
     idempotency_key: str | None = None
     priority: int
     result: Any = Field(
