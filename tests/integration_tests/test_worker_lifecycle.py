@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import asyncpg
+import pytest
 from pydantic import BaseModel
 
+from dataloader import JobStatus
 from dataloader.exceptions import NonRetryableError
 from dataloader.tasks import TaskRegistry
+from dataloader.workers.claims import Claimed
 from dataloader.workers.job_context import JobContext
 
 from .conftest import StartService, wait_until
@@ -201,3 +205,30 @@ async def test_pipeline_gets_the_app_context(
     service = await start_service()
     await service.wait_status(await service.trigger(task="t.sql"), "succeeded")
     assert seen == [42]
+
+
+async def test_a_job_made_ready_while_a_claim_runs_keeps_the_worker_from_idling(
+    start_service: StartService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that found nothing read the queue before a job became ready (an outcome
+    written, a job enqueued) whose wake-up came while it ran: the worker does not call itself
+    idle on that claim, so `run_until_empty` returns only once the job has run."""
+    service = await start_service()
+    await service.manager.wait_idle()
+    claims = service.manager.queues["default"].claims
+    real_claim = claims.claim
+    enqueued: list[uuid.UUID] = []
+
+    async def claim_then_a_job_arrives(*args: Any, **kwargs: Any) -> Claimed:
+        claimed = await real_claim(*args, **kwargs)
+        if not enqueued:  # once: after the claim's read, before its answer is seen
+            job = await service.dl.enqueue("demo.noop", queue="default")
+            enqueued.append(job.job_id)
+            service.manager.queues["default"].wake()
+        return claimed
+
+    monkeypatch.setattr(claims, "claim", claim_then_a_job_arrives)
+    await service.manager.wait_idle()
+    state = await service.dl.get(enqueued[0])
+    assert state is not None
+    assert state.status is JobStatus.SUCCEEDED

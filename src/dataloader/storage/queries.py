@@ -858,8 +858,10 @@ WITH u AS (
     FROM u
 ), ident AS (
     -- `expect_expired` (the reaper's fence): the lease expired, or the owner is gone (its
-    -- presence lapsed: EXPIRED_JOBS), still, as the job is written
-    SELECT j.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
+    -- presence lapsed: EXPIRED_JOBS), still, as the job is written. Read only for the jobs
+    -- `mine` did not lock (the answer's `busy`: the id is t's, so that this test is made
+    -- before the row is looked up, not after)
+    SELECT t.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
     WHERE j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
       AND (NOT t.expect_expired OR j.lease_expires_at < now()

@@ -306,7 +306,10 @@ class QueueWorker(Slots):
                 self._claiming = free  # until the jobs claimed have their slots
                 claimed = await self.claims.claim(free * self.batch_size, claim_started, free)
                 self._claiming = min(len(claimed.jobs), free)
-                if claimed.moved or claimed.held or self._jobs or self._outcomes_pending():
+                # a wake-up while the claim ran (an outcome written, a job enqueued) may have
+                # made a job claimable after the claim's snapshot: not idle yet
+                busy = claimed.moved or claimed.held or self._jobs or self._outcomes_pending()
+                if busy or self._wakeup.is_set():
                     self.idle.clear()
                 else:
                     self.idle_claim_started = claim_started

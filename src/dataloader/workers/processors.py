@@ -116,7 +116,9 @@ class SharedSlots(Slots):
             if empty_in_a_row < len(self.queues):
                 continue
             empty_in_a_row = 0
-            if not held:  # a limit's room or rate wakes the slot (a job's end, the timer)
+            # a limit's room or rate wakes the slot (a job's end, the timer); a wake-up during
+            # the round may have made a job claimable after a claim's snapshot
+            if not held and not self._wakeup.is_set():
                 self._empty_since[index] = round_started
                 self._set_idle_if_all_empty()
             timeout = min(c.idle_timeout() for c in self._claims.values())
