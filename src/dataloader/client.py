@@ -929,7 +929,7 @@ def _count_enqueued(
         if result.created:
             filled = options.get(job.task)
             queue = job.queue if job.queue is not None or filled is None else filled.queue
-            metrics.JOBS_ENQUEUED.labels(queue or "", job.task).inc()
+            metrics.of(metrics.JOBS_ENQUEUED, queue or "", job.task).inc()
 
 
 #: Jobs a cancel or retry by filter looks at, at most.

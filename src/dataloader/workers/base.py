@@ -144,7 +144,7 @@ class Slots:
         claim that took them (`claimed_at`, monotonic). Once `stopping` says so, the units not
         started yet go back to the queue."""
         queue = units[0][0].job.queue
-        in_progress = metrics.TASKS_IN_PROGRESS.labels(queue)
+        in_progress = metrics.of(metrics.TASKS_IN_PROGRESS, queue)
         count = sum(map(len, units))
         in_progress.inc(count)
         try:
@@ -158,7 +158,7 @@ class Slots:
                     await self._execute(unit[0])
         finally:
             in_progress.dec(count)
-            metrics.CYCLE_DURATION.labels(queue).observe(time.monotonic() - claimed_at)
+            metrics.of(metrics.CYCLE_DURATION, queue).observe(time.monotonic() - claimed_at)
 
     def _stopping_now(self) -> bool:
         """Whether the worker stops: a unit not started yet is not started."""
@@ -338,6 +338,6 @@ def declared_batch_size(runtime: WorkerRuntime, queue: str) -> int:
 
 def _count_start(job: ClaimedJob) -> None:
     """A job's attempt starts in this process (metrics)."""
-    metrics.JOBS_STARTED.labels(job.queue, job.task).inc()
+    metrics.of(metrics.JOBS_STARTED, job.queue, job.task).inc()
     if job.waited_sec is not None:
-        metrics.JOB_WAIT.labels(job.queue).observe(max(0.0, job.waited_sec))
+        metrics.of(metrics.JOB_WAIT, job.queue).observe(max(0.0, job.waited_sec))

@@ -72,7 +72,7 @@ class QueueClaims:
             put_back = await self._put_back_due(now)
             self.started += 1
             started = time.perf_counter()
-            with metrics.CLAIM_DURATION.labels(self.queue).time():
+            with metrics.of(metrics.CLAIM_DURATION, self.queue).time():
                 claim = await self._rt.protocol.claim_round(
                     self.queue,
                     wanted,

@@ -361,7 +361,9 @@ class Completer:
             self._rt.ended[job.queue, written.journal] += 1
             metrics.count_ended(job.queue, job.task, written.journal)
         if outcome.duration_ms is not None:
-            metrics.JOB_DURATION.labels(job.queue, job.task).observe(outcome.duration_ms / 1000)
+            metrics.of(metrics.JOB_DURATION, job.queue, job.task).observe(
+                outcome.duration_ms / 1000
+            )
         level, message, *args = _report(outcome, written)
         if not collision and not log.isEnabledFor(level):
             return  # binding the job's log context costs more than the rest of this
