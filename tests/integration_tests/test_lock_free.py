@@ -13,6 +13,7 @@ import pytest
 
 from dataloader import Client, IdempotencyConflict, JobStatus
 from dataloader.storage import protocol
+from dataloader.storage.protocol import WorkerProtocol
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 
@@ -57,23 +58,22 @@ def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Callable[..., Aw
     return calls
 
 
-async def test_a_job_without_a_lock_key_is_stored_lock_free_under_its_own_id(
+async def test_a_job_without_a_lock_key_is_stored_lock_free_with_an_empty_key(
     client: Client, conn: asyncpg.Connection
 ) -> None:
-    """The spec's lock_key is NOT NULL: the job stores its id there and is marked lock_free;
-    readers see no lock_key, and a search by that text does not find it."""
+    """The spec's lock_key is NOT NULL: the job stores '' there (a key no caller can give) and
+    is marked lock_free; readers see no lock_key, and a search by a lock_key finds none."""
     one = await client.enqueue("t.any", {}, queue="q")
     (many,) = await client.enqueue_many([client.job("t.any", queue="q")])
-    keyed = await client.enqueue("t.any", {}, queue="q", lock_key=str(one.job_id))
+    keyed = await client.enqueue("t.any", {}, queue="q", lock_key="k")
     for job in (one, many):
         row = await conn.fetchrow(
             "SELECT lock_key, lock_free FROM dl_jobs WHERE job_id = $1", job.job_id
         )
-        assert (row["lock_key"], row["lock_free"]) == (str(job.job_id), True)
+        assert (row["lock_key"], row["lock_free"]) == ("", True)
         assert (await client.get(job.job_id)).lock_key is None
     assert not await conn.fetchval("SELECT lock_free FROM dl_jobs WHERE job_id = $1", keyed.job_id)
-    found = await client.list(lock_key=str(one.job_id))
-    assert [job.job_id for job in found.jobs] == [keyed.job_id]
+    assert [job.job_id for job in (await client.list(lock_key="k")).jobs] == [keyed.job_id]
 
 
 async def test_an_idempotency_key_tells_a_lock_free_job_from_one_with_a_key(
@@ -182,3 +182,18 @@ async def test_the_stages_of_a_lock_free_job_are_lock_free(
     (stage,) = await wait_until(stage_written, what="the stage")
     assert await conn.fetchval("SELECT lock_free FROM dl_jobs WHERE job_id = $1", stage)
     assert (await service.dl.wait(stage, timeout=20)).status is JobStatus.SUCCEEDED
+
+
+async def test_lock_free_jobs_of_a_limited_queue_are_claimed_together(
+    start_service: StartService,
+) -> None:
+    """A queue with limits is claimed by a statement of its own: there too, jobs that share
+    no key (the stored '' is none) fill the room the limit leaves in one round."""
+    service = await start_service(run_workers=False)
+    for _ in range(5):
+        await service.dl.enqueue("demo.noop", queue="limited")
+    await service.dl.set_limits("limited", max_running=3)
+    protocol = WorkerProtocol(service.context.pool)
+    first = await protocol.claim_round("limited", 5, "hand", walk=5)
+    assert [job.lock_key for job in first.jobs] == [None] * 3
+    assert first.held == 2

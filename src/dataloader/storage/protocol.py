@@ -77,7 +77,7 @@ class ClaimedJob:
     task: str
     args: dict[str, Any]
     #: Its lock_key and the hash its advisory lock is taken on; both None for a job that runs
-    #: without mutual exclusion (enqueued without a lock_key: it takes no lock).
+    #: without mutual exclusion (enqueued without a lock_key, `lock_free`: it takes no lock).
     lock_key: str | None
     lock_hash: int | None
     partition_key: str

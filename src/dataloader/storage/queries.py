@@ -28,7 +28,7 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 # --- producers ---------------------------------------------------------------------------------
 
 #: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
-#: the same statement. A job without a lock_key (NULL) is `lock_free`, its job_id its key.
+#: the same statement. A job without a lock_key (NULL) is `lock_free`, stored with key ''.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
 #: `delay_sec` (with no `available_at`) counts from the database's clock, to the microsecond (a
@@ -39,7 +39,7 @@ WITH ins AS (
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
                          producer, consumer_group, parked)
     SELECT new.id, :queue, :task, :args::text::jsonb, :idempotency_key,
-           COALESCE(:lock_key::text, new.id::text), :lock_key::text IS NULL,
+           COALESCE(:lock_key::text, ''), :lock_key::text IS NULL,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
            :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
     FROM (SELECT COALESCE(:job_id::uuid, gen_random_uuid()) AS id) AS new,
@@ -62,14 +62,14 @@ SELECT job_id, status::text AS status FROM ins
 #: and so are repeats of a key within the batch (its first occurrence is inserted); the
 #: inserted ids come back. Journals `queued` for each inserted job (`actor` as `by`).
 #: `delay_sec` is read by position, and may be empty when no job has a delay (it then costs
-#: nothing per job). A job without a lock_key (NULL) is `lock_free`, its job_id its key.
+#: nothing per job). A job without a lock_key (NULL) is `lock_free`, stored with key ''.
 INSERT_JOBS: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
                          producer, consumer_group, parked)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key,
-           COALESCE(t.lock_key, t.job_id::text), t.lock_key IS NULL, t.partition_key,
+           COALESCE(t.lock_key, ''), t.lock_key IS NULL, t.partition_key,
            t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group,
            CASE WHEN due.at > now() THEN 'delayed' END
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
@@ -191,7 +191,7 @@ JOB_FILTERS: Final = {
     # a generic plan too, that the index of tasks' failures (0024) holds every match
     "ended_badly": "status IN ('failed', 'lost', 'canceled')",
     "task": "task = :task",
-    # a job without a lock_key (lock_free: its key is its job_id) has none to be found by
+    # a job without a lock_key (lock_free, stored with key '') has none to be found by
     "lock_key": "hashtext(lock_key) = hashtext(:lock_key) AND lock_key = :lock_key"
     " AND NOT lock_free",
     # a partition_key given (not ''): the partition_key index holds only those
@@ -383,8 +383,9 @@ SELECT (SELECT count(*) FROM upd) > 0 AS written, (SELECT count(*) FROM woken) A
 #: and at most 0 when one is due now and waits to be put back by PUT_BACK_DUE).
 _CLAIM = """
 WITH walked AS (
-    SELECT j.job_id, hashtext(j.lock_key) AS lock_hash, j.lock_free, j.priority, j.created_at,
-           j.available_at, j.available_at > now() AS not_due, j.partition_key, j.task
+    SELECT j.job_id, CASE WHEN NOT j.lock_free THEN hashtext(j.lock_key) END AS lock_hash,
+           j.lock_free, j.priority, j.created_at, j.available_at, j.available_at > now() AS not_due,
+           j.partition_key, j.task
     FROM dl_jobs j
     WHERE j.status = 'queued' AND j.queue = :queue AND j.parked IS NULL
       -- tested once per claim (one probe of dl_queues)
@@ -484,11 +485,14 @@ _HAS_LIMITS = (
     " OR p.max_per_second IS NOT NULL)"
 )
 
-#: The one of each lock_key hash (the first in claim order) of the jobs that can run.
+#: The one of each lock_key hash (the first in claim order) of the jobs that can run, and every
+#: lock_free one (no hash: each is its own).
 _ONE_PER_KEY = """
-        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, task FROM judged
+        SELECT DISTINCT ON (lock_hash, CASE WHEN lock_free THEN job_id END)
+               job_id, priority, created_at, task
+        FROM judged
         WHERE NOT blocked
-        ORDER BY lock_hash, priority, created_at"""
+        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at"""
 
 CLAIM_JOBS: Final = Statement(
     _CLAIM.format(
@@ -547,10 +551,11 @@ CLAIM_LIMITED: Final = Statement(
                     AND r.partition_key = o.partition_key)
            END AS partition_nth
     FROM (
-        SELECT DISTINCT ON (lock_hash) job_id, priority, created_at, partition_key, task
+        SELECT DISTINCT ON (lock_hash, CASE WHEN lock_free THEN job_id END)
+               job_id, priority, created_at, partition_key, task
         FROM judged
         WHERE NOT blocked
-        ORDER BY lock_hash, priority, created_at
+        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at
     ) AS o
 )""",
         candidates="""
