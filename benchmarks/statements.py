@@ -1,6 +1,6 @@
 """What one job costs PostgreSQL, statement by statement: `n` no-op jobs (a lock_key each, or
-none with `--lock-free`) are enqueued in batches of 1,000 and drained by 10 slots of a
-`Runner`, on a server with
+none with `--lock-free`) are enqueued in batches of 1,000 and drained by 10 slots (`--slots`)
+of a `Runner`, on a server with
 `pg_stat_statements` loaded; then each statement's calls, server time, rows, buffers and WAL
 per job are printed, the costliest first, and the database's tables and indexes by size.
 
@@ -48,10 +48,10 @@ ORDER BY bytes DESC
 
 
 async def profile(
-    bench: run.Bench, n: int, make: Callable[[int], NewJob] = run.job
+    bench: run.Bench, n: int, make: Callable[[int], NewJob] = run.job, slots: int = 10
 ) -> tuple[list[asyncpg.Record], list[Any], float]:
-    """The statements of enqueueing and draining `n` jobs (`make(i)`), their sizes after, and
-    jobs/s."""
+    """The statements of enqueueing and draining `n` jobs (`make(i)`) with `slots` slots,
+    their sizes after, and jobs/s."""
     await bench.fresh_database()
     conn = await asyncpg.connect(bench.dsn)
     try:
@@ -59,7 +59,7 @@ async def profile(
         await conn.execute("SELECT pg_stat_statements_reset()")
         started = time.perf_counter()
         await bench.bulk_insert(n, make)
-        await bench.drain(n, 10)
+        await bench.drain(n, slots)
         rate = n / (time.perf_counter() - started)
         statements = await conn.fetch(PROFILE)
         await conn.execute("VACUUM dl_jobs, dl_job_events")
@@ -101,10 +101,11 @@ async def main() -> None:
     parser.add_argument(
         "--lock-free", action="store_true", help="jobs without a lock_key (no mutual exclusion)"
     )
+    parser.add_argument("--slots", type=int, default=10, help="the Runner's slots (default 10)")
     options = parser.parse_args()
     bench = run.Bench(options.dsn, quick=False)
     make = run.lock_free_job if options.lock_free else run.job
-    statements, sizes, rate = await profile(bench, options.n, make)
+    statements, sizes, rate = await profile(bench, options.n, make, options.slots)
     print_profile(statements, sizes, options.n, rate)
 
 

@@ -81,7 +81,7 @@ class NewJob:
     is sent. `queue`, `priority`, `max_attempts` and `lease_ttl_sec` may be left None: they
     come from the task's definition or the settings (`JobOptions`), filled when it is
     inserted. A job without a `lock_key` needs no mutual exclusion: it takes no lock and
-    waits for no other job (see `lock_free`).
+    waits for no other job (it is stored `lock_free`).
     """
 
     task: str
@@ -144,11 +144,6 @@ class NewJob:
     @property
     def delay_sec(self) -> float | None:
         return None if self.delay is None else self.delay.total_seconds()
-
-    @property
-    def lock_free(self) -> bool:
-        """Whether the job runs without mutual exclusion (no lock_key given)."""
-        return self.lock_key is None
 
 
 @dataclass(frozen=True, slots=True)
