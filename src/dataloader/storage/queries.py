@@ -443,7 +443,7 @@ WITH walked AS (
     FROM picked
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.task, j.args,
-              -- a lock_free job's key is its own: none to lock (NULL)
+              -- a lock_free job has no key to lock (NULL for both)
               CASE WHEN NOT j.lock_free THEN j.lock_key END AS lock_key,
               CASE WHEN NOT j.lock_free THEN hashtext(j.lock_key) END AS lock_hash,
               j.partition_key, j.priority, j.created_at, j.attempt, j.max_attempts,
