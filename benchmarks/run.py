@@ -173,10 +173,37 @@ async def enqueue_single(b: Bench) -> dict[str, Any]:
 
 @phase("enqueue_bulk")
 async def enqueue_bulk(b: Bench) -> dict[str, Any]:
-    n = b.n(20000)
-    started = time.perf_counter()
-    await b.bulk_insert(n)
-    return {"jobs": n, "batch": 1000, "jobs_per_s": n / (time.perf_counter() - started)}
+    """`enqueue_many` of 1,000 jobs per call on a fresh database: jobs with a lock_key each
+    (`keyed`), jobs without one (`lock_free`), and the harness's pgqueuer batch enqueue
+    (`pgqueuer`, when the shared harness is there: jobs/s only, as the harness creates its
+    schema in the same run); jobs/s and the server's CPU per job, in rounds that rotate the
+    order; medians."""
+    n, rounds = b.n(20000), 1 if b.quick else 3
+
+    async def ours(make: Callable[[int], NewJob]) -> dict[str, float]:
+        await b.fresh_database()
+        server_before, started = _server_cpu_seconds(), time.perf_counter()
+        await b.bulk_insert(n, make)
+        elapsed, server = time.perf_counter() - started, _server_cpu_seconds() - server_before
+        return {"jobs_per_s": n / elapsed, "server_cpu_us_per_job": server / n * 1e6}
+
+    async def pgqueuer() -> dict[str, float]:
+        return {"jobs_per_s": await _peer_run(b, n, "batch", "pgqueuer")}
+
+    kinds: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
+        "keyed": lambda: ours(job),
+        "lock_free": lambda: ours(lock_free_job),
+    }
+    if _has_peer():
+        kinds["pgqueuer"] = pgqueuer
+    result: dict[str, Any] = {"jobs": n, "batch": 1000, "rounds": rounds}
+    result |= await _rotated(kinds, rounds)
+    if "pgqueuer_jobs_per_s" in result:
+        for kind in ("keyed", "lock_free"):
+            result[f"{kind}_vs_pgqueuer"] = (
+                result[f"{kind}_jobs_per_s"] / result["pgqueuer_jobs_per_s"]
+            )
+    return result
 
 
 def _drain_phase(concurrency: int) -> Phase:
@@ -612,6 +639,44 @@ async def _drain_by(b: Bench, kind: str, jobs: list[NewJob], concurrency: int) -
     }
 
 
+async def _rotated(
+    kinds: dict[str, Callable[[], Awaitable[dict[str, float]]]], rounds: int
+) -> dict[str, float]:
+    """Each kind's measures, `rounds` times in an order that rotates every round (what one
+    leaves the server to do, a checkpoint, autovacuum, falls on a different one each round):
+    {f"{kind}_{measure}": median}."""
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    names = list(kinds)
+    for i in range(rounds):
+        for kind in names[i % len(names) :] + names[: i % len(names)]:
+            runs[kind].append(await kinds[kind]())
+    return {
+        f"{kind}_{measure}": statistics.median(v[measure] for v in values)
+        for kind, values in runs.items()
+        for measure in values[0]
+    }
+
+
+def _has_peer() -> bool:
+    """Whether the shared harness and pgqueuer's virtual environment are there."""
+    return PEER_PYTHON.exists() and (HARNESS / "run.py").exists()
+
+
+async def _peer_run(b: Bench, n: int, harness_phase: str, system: str, **options: int) -> float:
+    """The figure of the harness's `harness_phase` (`drain`: jobs/s of the worker's whole
+    run, start and stop included; `batch`: jobs/s of its enqueue in batches of 1,000) for
+    `system` on `n` jobs, with the harness's `options` (concurrency=…)."""
+    command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", system]
+    command += ["--dsn", b.admin_dsn, "--n", str(n), "--phases", harness_phase]
+    for name, value in options.items():
+        command += [f"--{name}", str(value)]
+    out = await asyncio.to_thread(
+        subprocess.run, command, cwd=HARNESS, capture_output=True, check=True
+    )
+    figure = {"drain": "drain_jobs_per_s", "batch": "enqueue_batch_jobs_per_s"}[harness_phase]
+    return float(json.loads(out.stdout)[figure])
+
+
 async def _peer_drain(
     b: Bench, n: int, system: str = "pgqueuer_defaults", concurrency: int | None = None
 ) -> dict[str, float]:
@@ -619,23 +684,11 @@ async def _peer_drain(
     cap), or the harness's `system` at `concurrency`, draining `n` jobs, timed by the harness
     around its worker's whole run (start and stop included). The server's CPU per job counts
     the harness's enqueue of the jobs too."""
-    command = [str(PEER_PYTHON), str(HARNESS / "run.py"), "--system", system]
-    command += ["--dsn", b.admin_dsn, "--n", str(n), "--phases", "drain"]
-    if concurrency is not None:
-        command += ["--concurrency", str(concurrency)]
+    options = {} if concurrency is None else {"concurrency": concurrency}
     server_before = _server_cpu_seconds()
-    out = await asyncio.to_thread(
-        subprocess.run,
-        command,
-        cwd=HARNESS,
-        capture_output=True,
-        check=True,
-    )
+    jobs_per_s = await _peer_run(b, n, "drain", system, **options)
     server = _server_cpu_seconds() - server_before
-    return {
-        "jobs_per_s": float(json.loads(out.stdout)["drain_jobs_per_s"]),
-        "server_cpu_us_per_job_with_enqueue": server / n * 1e6,
-    }
+    return {"jobs_per_s": jobs_per_s, "server_cpu_us_per_job_with_enqueue": server / n * 1e6}
 
 
 @phase("service_drain")
@@ -654,19 +707,12 @@ async def service_drain(b: Bench) -> dict[str, Any]:
         "service_lock_free": lambda: _drain_by(b, "service", free, 10),
         "library": lambda: _drain_by(b, "library", jobs, 10),
     }
-    if PEER_PYTHON.exists() and (HARNESS / "run.py").exists():
+    if _has_peer():
         kinds["pgqueuer_defaults"] = lambda: _peer_drain(b, n)
-    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    names = list(kinds)
-    for i in range(rounds):
-        for kind in names[i % len(names) :] + names[: i % len(names)]:
-            runs[kind].append(await kinds[kind]())
     result: dict[str, Any] = {"jobs": n, "concurrency": 10, "rounds": rounds}
-    for kind, values in runs.items():
-        for metric in values[0]:
-            result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
+    result |= await _rotated(kinds, rounds)
     result["ratio"] = result["service_jobs_per_s"] / result["library_jobs_per_s"]
-    if "pgqueuer_defaults" in runs:
+    if "pgqueuer_defaults_jobs_per_s" in result:
         for kind in ("service", "service_lock_free"):
             result[f"{kind}_vs_pgqueuer_defaults"] = (
                 result[f"{kind}_jobs_per_s"] / result["pgqueuer_defaults_jobs_per_s"]
@@ -692,18 +738,10 @@ async def drain_slots(b: Bench) -> dict[str, Any]:
     for slots in DRAIN_SLOTS:
         kinds[f"lock_free_{slots}"] = functools.partial(_drain_by, b, "service", free, slots)
         kinds[f"keyed_{slots}"] = functools.partial(_drain_by, b, "service", keyed, slots)
-        if PEER_PYTHON.exists() and (HARNESS / "run.py").exists():
+        if _has_peer():
             kinds[f"pgqueuer_{slots}"] = functools.partial(_peer_drain, b, n, "pgqueuer", slots)
-    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    names = list(kinds)
-    for i in range(rounds):
-        for kind in names[i % len(names) :] + names[: i % len(names)]:
-            runs[kind].append(await kinds[kind]())
     result: dict[str, Any] = {"jobs": n, "slots": list(DRAIN_SLOTS), "rounds": rounds}
-    for kind, values in runs.items():
-        for metric in values[0]:
-            result[f"{kind}_{metric}"] = statistics.median(v[metric] for v in values)
-    return result
+    return result | await _rotated(kinds, rounds)
 
 
 #: Batch sizes compared by `batch_sizes` (1: the single-job handler).

@@ -29,7 +29,7 @@ SIZES = """
 SELECT pg_total_relation_size('dl_jobs') AS total,
        pg_relation_size('dl_jobs') AS heap,
        pg_relation_size('ix_dl_jobs_claim') AS claim_index_spec,
-       pg_relation_size('ix_dl_jobs_claim_order') AS claim_index,
+       pg_relation_size('ix_dl_jobs_claim_ready') AS claim_index,
        pg_relation_size('ix_dl_jobs_running_lease') AS lease_index,
        (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dl_jobs') AS dead_tuples,
        (SELECT count(*) FROM dl_jobs WHERE status = 'queued') AS queued,

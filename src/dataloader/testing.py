@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from dataloader.base import JobStatus
 from dataloader.config import Settings
 from dataloader.core import limits
-from dataloader.core.models import EnqueueResult, JobState, QueueStats, Stage
+from dataloader.core.models import EnqueueResult, JobState, QueueStats, Stage, new_job_id
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import (
     Ended,
@@ -347,7 +347,7 @@ class InMemoryQueue:
         if chosen_queue is None:
             raise InvalidJob("queue", f"required: task {task!r} does not name its queue")
         job = _Job(
-            job_id=uuid.uuid4(),
+            job_id=new_job_id(),
             queue=chosen_queue,
             task=task,
             args=json.loads(limits.args_json(values)),

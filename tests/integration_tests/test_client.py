@@ -621,6 +621,68 @@ async def test_list_pages_through_every_job_once_newest_first(
 
 
 @pytest.mark.parametrize(
+    ("filters", "condition"),
+    [
+        ({}, "true"),
+        ({"task": "t.b"}, "task = 't.b'"),
+        ({"lock_key": "k4"}, "lock_key = 'k4'"),
+        ({"partition_key": "p"}, "partition_key = 'p'"),
+        ({"args": {"day": 1}}, "args @> '{\"day\": 1}'"),
+        ({"queue": "q"}, "queue = 'q'"),
+        ({"status": "running"}, "status = 'running'"),
+        ({"status": "queued"}, "status = 'queued'"),
+    ],
+    ids=lambda value: "+".join(value) if isinstance(value, dict) else "",
+)
+async def test_list_merges_running_jobs_with_the_others_newest_first(
+    client: Client, conn: asyncpg.Connection, filters: dict[str, Any], condition: str
+) -> None:
+    """The list's indexes leave out the running version of a job: the running jobs are read
+    apart and merged in their place, with every filter and across pages."""
+    for i in range(12):
+        await client.enqueue(
+            "t.b" if i % 2 else "t.a",
+            {"day": i % 3},
+            queue="q",
+            lock_key=f"k{i % 5}",
+            partition_key="p" if i % 4 else "",
+        )
+    # the states interleave, newest first: queued, running, queued, queued, running, ...
+    await conn.execute(
+        "UPDATE dl_jobs j SET status = 'running', started_at = now(), attempt = 1,"
+        " lease_expires_at = now() + interval '1 hour'"
+        " FROM (SELECT job_id, row_number() OVER (ORDER BY created_at, job_id) AS n"
+        "       FROM dl_jobs) o"
+        " WHERE j.job_id = o.job_id AND o.n % 3 = 2"
+    )
+    await conn.execute(
+        "UPDATE dl_jobs SET status = 'succeeded', finished_at = now() WHERE job_id IN"
+        " (SELECT job_id FROM dl_jobs WHERE status = 'queued' ORDER BY created_at LIMIT 2)"
+    )
+    expected = [
+        r["job_id"]
+        for r in await conn.fetch(
+            f"SELECT job_id FROM dl_jobs WHERE {condition} ORDER BY created_at DESC, job_id DESC"
+        )
+    ]
+    running = await conn.fetchval(
+        f"SELECT count(*) FROM dl_jobs WHERE {condition} AND status = 'running'"
+    )
+    assert expected
+    assert running > 0 or filters.get("status") == "queued"
+    seen: list[uuid.UUID] = []
+    cursor = None
+    while True:
+        page = await client.list(limit=2, cursor=cursor, **filters)
+        seen.extend(job.job_id for job in page.jobs)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == expected
+    assert [job.job_id for job in (await client.list(limit=100, **filters)).jobs] == expected
+
+
+@pytest.mark.parametrize(
     ("filters", "words"),
     [
         ({"cursor": "garbage"}, "not a cursor of this list"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from dataloader.core.models import (
     JobDefaults,
     JobOptions,
     NewJob,
+    new_job_id,
 )
 from dataloader.exceptions import InvalidJob
 from dataloader.tasks import Task
@@ -238,3 +240,22 @@ def test_the_tasks_values_are_not_checked_again() -> None:
     # the task's and the settings' values were checked when they were made; a value that
     # slipped past (a Task built by hand) is taken as it is, not refused here
     assert filled(new_job(), task(queue="q", priority=-5))[1] == -5
+
+
+def test_a_new_job_id_is_a_version_7_uuid_holding_the_time_it_was_made() -> None:
+    before = time.time_ns() // 1_000_000
+    job_id = new_job_id()
+    after = time.time_ns() // 1_000_000
+    assert (job_id.version, job_id.variant) == (7, "specified in RFC 4122")
+    assert before <= job_id.int >> 80 <= after
+
+
+def test_job_ids_made_in_later_milliseconds_sort_after_earlier_ones() -> None:
+    first = new_job_id()
+    while time.time_ns() // 1_000_000 <= first.int >> 80:  # the next millisecond
+        pass
+    assert all(new_job_id() > first for _ in range(100))
+
+
+def test_job_ids_made_in_one_millisecond_differ() -> None:
+    assert len({new_job_id() for _ in range(10_000)}) == 10_000

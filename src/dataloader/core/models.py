@@ -9,6 +9,8 @@ settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `JobOptions
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
@@ -29,6 +31,19 @@ if TYPE_CHECKING:
 DEFAULT_PRIORITY: Final = 100
 DEFAULT_MAX_ATTEMPTS: Final = 5
 DEFAULT_LEASE_TTL_SEC: Final = 60
+
+
+def new_job_id() -> uuid.UUID:
+    """A new job's id: a version 7 UUID (RFC 9562), the time in milliseconds ahead of 74
+    random bits. Ids made close in time sort close: a job's index entries, and its journal's
+    by job, go to the few newest pages of each index rather than anywhere in it, which keeps
+    those pages full and in memory, and lets the primary key append at its right edge."""
+    millis = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")
+    rand_a, rand_b = random >> 68, random & ((1 << 62) - 1)  # 12 and 62 bits
+    return uuid.UUID(
+        int=(millis & (1 << 48) - 1) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ WITH ins AS (
            COALESCE(:lock_key::text, ''), :lock_key::text IS NULL,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
            :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
-    FROM (SELECT COALESCE(:job_id::uuid, gen_random_uuid()) AS id) AS new,
+    FROM (SELECT :job_id::uuid AS id) AS new,
          (SELECT COALESCE(:available_at,
                           now() + make_interval(secs => COALESCE(:delay_sec::float8, 0))) AS at
          ) AS due
@@ -220,16 +220,34 @@ SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cance
        idempotency_key, priority, result::text AS result,
        duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
 FROM dl_jobs
-WHERE {conditions}
+WHERE {part}
+  AND {conditions}
 ORDER BY {order}
-LIMIT :limit
-"""
+LIMIT :limit"""
+
+#: A page of the running jobs and the others together: the newest of each, merged.
+_LIST_MERGED = """
+SELECT * FROM (({others}) UNION ALL ({running})) AS page
+ORDER BY created_at DESC, job_id DESC
+LIMIT :limit"""
+
+#: The two parts of the jobs a page reads, each through its own indexes: the list's indexes
+#: leave out the running version of a job (0027), the running jobs are those of the lease's
+#: and the running keys' indexes (the second form is the condition of the latter: see 0004).
+_LIST_PARTS: Final = {
+    False: "status <> 'running'",
+    True: "status = 'running' AND (status = 'running') IS TRUE",
+}
 
 
 @functools.cache
-def list_jobs(filters: frozenset[str], narrow: bool = False) -> Statement:
+def list_jobs(
+    filters: frozenset[str], narrow: bool = False, running: bool | None = None
+) -> Statement:
     """A page of jobs newest first, with the conditions of `filters` (names of JOB_FILTERS).
     The caller asks for one row more than it shows, to learn whether another page follows.
+    `running`: the status asked for is running (True) or another (False); None (no status
+    asked for): the newest of the running jobs and of the others, merged.
     `narrow`: the queue and status given match few jobs (STATUS_QUEUE_PROBE): they are read
     from the (status, queue) index and sorted, the order's index kept out of the planner's
     reach (it would walk the newest jobs of every queue looking for matches that may never
@@ -241,7 +259,15 @@ def list_jobs(filters: frozenset[str], narrow: bool = False) -> Statement:
     order = (
         "created_at + interval '0' DESC, job_id DESC" if narrow else "created_at DESC, job_id DESC"
     )
-    return Statement(_LIST_JOBS.format(conditions="\n  AND ".join(conditions), order=order))
+    part = {
+        of_running: _LIST_JOBS.format(
+            part=_LIST_PARTS[of_running], conditions="\n  AND ".join(conditions), order=order
+        )
+        for of_running in (False, True)
+    }
+    if running is not None:
+        return Statement(part[running])
+    return Statement(_LIST_MERGED.format(others=part[False], running=part[True]))
 
 
 #: How many jobs of `:status` the queue `:queue` holds, counting no further than `:probe` (an

@@ -36,6 +36,7 @@ from dataloader.core.models import (
     JobOptions,
     JobState,
     NewJob,
+    new_job_id,
 )
 from dataloader.core.transitions import JobFacts, Request, Transition
 from dataloader.exceptions import IdempotencyConflict, JobNotFound, NotRetryable
@@ -173,7 +174,8 @@ class JobRepository:
                     status=values["status"], queue=where.queue, probe=NARROW_MATCHES
                 )
                 narrow = await conn.fetchval(*probe) < NARROW_MATCHES
-            statement = queries.list_jobs(filters, narrow)
+            running = None if where.status is None else where.status is JobStatus.RUNNING
+            statement = queries.list_jobs(filters, narrow, running)
             # one more than the page: is there another page?
             rows = await conn.fetch(*statement.bind(**values, limit=limit + 1))
         jobs = [job_state(r) for r in rows[:limit]]
@@ -378,13 +380,15 @@ async def enqueue(
     `queries.JOBS_BY_IDEMPOTENCY`), or, with `job.rerun`, ask that job to run again; raise
     `IdempotencyConflict` if it is another job. Options the job leaves out come from
     `options` (its task's), else the spec's defaults. `job_id`: the id of the new job (one
-    the caller watches for already), else a random one."""
+    the caller watches for already), else a new one (`new_job_id`)."""
     columns = {name: getattr(job, name) for name in _SINGLE_COLUMNS}
     if not job.is_resolved:
         filled = options if options is not None else _SPEC_OPTIONS
         job.check_queue(filled)
         for name in FILLED_OPTIONS:
             columns[name] = filled.fill(job, name)
+    if job_id is None:
+        job_id = new_job_id()
     while True:
         row = await conn.fetchrow(
             *queries.INSERT_JOB.bind(**columns, job_id=job_id, args=job.args_json, actor=actor)
@@ -417,7 +421,7 @@ async def enqueue_many(
     """
     if not jobs:
         return []
-    ids = [uuid.uuid4() for _ in jobs]
+    ids = [new_job_id() for _ in jobs]
     keyed = any(job.idempotency_key is not None for job in jobs)
     # without keys nothing is skipped, and the one statement is atomic on its own
     async with atomic(conn) if keyed else contextlib.nullcontext(conn):
