@@ -148,27 +148,30 @@ JOB_ARGS: Final = Statement("""
 SELECT args::text AS args, partition_key FROM dl_jobs WHERE job_id = :job_id
 """)
 
-#: One job as readers see it. JSON comes back as text, whatever codec the connection has (the
-#: client may run on a pool or an engine that is not ours).
-JOB_STATUS: Final = Statement("""
-SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
-       created_at, available_at, started_at, finished_at, heartbeat_at, error,
+#: A job's columns as readers see it. JSON comes back as text, whatever codec the connection
+#: has (the client may run on a pool or an engine that is not ours); a lock_free job's key
+#: (stored as '') as NULL.
+_JOB_COLUMNS: Final = """job_id, queue, task, status::text AS status, attempt,
+       max_attempts, cancel_requested, created_at, available_at, started_at, finished_at,
+       heartbeat_at, error,
        progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
        idempotency_key, priority, result::text AS result,
-       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
-FROM dl_jobs WHERE job_id = :job_id
-""")
+       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at"""
+
+#: Jobs as readers see them, those `{where}` names.
+_READ_JOBS: Final = """
+SELECT {columns}
+FROM dl_jobs WHERE {where}
+"""
+
+#: One job as readers see it.
+JOB_STATUS: Final = Statement(_READ_JOBS.format(columns=_JOB_COLUMNS, where="job_id = :job_id"))
 
 #: JOB_STATUS of several jobs at once (the dashboard's live views: one read for every job
 #: someone watches).
-JOB_STATUSES: Final = Statement("""
-SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
-       created_at, available_at, started_at, finished_at, heartbeat_at, error,
-       progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
-       idempotency_key, priority, result::text AS result,
-       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
-FROM dl_jobs WHERE job_id = ANY(:job_ids::uuid[])
-""")
+JOB_STATUSES: Final = Statement(
+    _READ_JOBS.format(columns=_JOB_COLUMNS, where="job_id = ANY(:job_ids::uuid[])")
+)
 
 #: The jobs the success of `:parent` enqueued as its stages (their idempotency_key names it:
 #: `core.models.stage_key`), oldest first, `:limit` at most, from the stage index (0022).
@@ -214,11 +217,7 @@ JOB_FILTERS: Final = {
 }
 
 _LIST_JOBS = """
-SELECT job_id, queue, task, status::text AS status, attempt, max_attempts, cancel_requested,
-       created_at, available_at, started_at, finished_at, heartbeat_at, error,
-       progress::text AS progress, CASE WHEN NOT lock_free THEN lock_key END AS lock_key,
-       idempotency_key, priority, result::text AS result,
-       duration_ms, worker_id, checkpoint::text AS checkpoint, rerun_requested, attempted_at
+SELECT {columns}
 FROM dl_jobs
 WHERE {part}
   AND {conditions}
@@ -261,7 +260,10 @@ def list_jobs(
     )
     part = {
         of_running: _LIST_JOBS.format(
-            part=_LIST_PARTS[of_running], conditions="\n  AND ".join(conditions), order=order
+            columns=_JOB_COLUMNS,
+            part=_LIST_PARTS[of_running],
+            conditions="\n  AND ".join(conditions),
+            order=order,
         )
         for of_running in (False, True)
     }
