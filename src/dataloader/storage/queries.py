@@ -231,8 +231,8 @@ ORDER BY created_at DESC, job_id DESC
 LIMIT :limit"""
 
 #: The two parts of the jobs a page reads, each through its own indexes: the list's indexes
-#: leave out the running version of a job (0027), the running jobs are those of the lease's
-#: and the running keys' indexes (the second form is the condition of the latter: see 0004).
+#: leave out the running version of a job (0027); the running jobs, few, are found through an
+#: index of running jobs (the second form is the condition of the running keys': see 0004).
 _LIST_PARTS: Final = {
     False: "status <> 'running'",
     True: "status = 'running' AND (status = 'running') IS TRUE",
