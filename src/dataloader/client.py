@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -924,12 +925,16 @@ def _when(value: object) -> tuple[datetime | None, timedelta | None]:
 def _count_enqueued(
     jobs: Iterable[NewJob], results: Iterable[EnqueueResult], options: dict[str, JobOptions]
 ) -> None:
-    """Count the jobs an enqueue created (metrics), by queue and task."""
+    """Count the jobs an enqueue created (metrics), by queue and task: one increment of each
+    counter per call, however many jobs it counts."""
+    created: collections.Counter[tuple[str, str]] = collections.Counter()
     for job, result in zip(jobs, results, strict=True):
         if result.created:
             filled = options.get(job.task)
             queue = job.queue if job.queue is not None or filled is None else filled.queue
-            metrics.of(metrics.JOBS_ENQUEUED, queue or "", job.task).inc()
+            created[queue or "", job.task] += 1
+    for (queue, task), count in created.items():
+        metrics.of(metrics.JOBS_ENQUEUED, queue, task).inc(count)
 
 
 #: Jobs a cancel or retry by filter looks at, at most.

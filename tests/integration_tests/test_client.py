@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 import sqlalchemy
+from prometheus_client import REGISTRY
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
@@ -706,6 +707,30 @@ async def test_list_merges_running_jobs_with_the_others_newest_first(
 async def test_list_refuses_bad_input(client: Client, filters: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         await client.list(**filters)
+
+
+async def test_enqueue_many_counts_the_jobs_it_created_by_queue_and_task(
+    client: Client,
+) -> None:
+    q1, q2 = f"q-{uuid.uuid4().hex[:8]}", f"q-{uuid.uuid4().hex[:8]}"
+
+    def enqueued(queue: str, task: str) -> float:
+        labels = {"queue": queue, "task": task}
+        return REGISTRY.get_sample_value("dataloader_jobs_enqueued_total", labels) or 0.0
+
+    await client.enqueue_many(
+        [
+            client.job("t.a", queue=q1, lock_key="a1", idempotency_key=f"{q1}-1"),
+            client.job("t.a", queue=q1, lock_key="a2"),
+            client.job("t.b", queue=q1, lock_key="b1"),
+            client.job("t.a", queue=q2),
+        ]
+    )
+    # a job whose key another holds is not created, and not counted
+    await client.enqueue_many(
+        [client.job("t.a", queue=q1, lock_key="a1", idempotency_key=f"{q1}-1")]
+    )
+    assert (enqueued(q1, "t.a"), enqueued(q1, "t.b"), enqueued(q2, "t.a")) == (2, 1, 1)
 
 
 async def test_list_takes_the_largest_limit(client: Client) -> None:
