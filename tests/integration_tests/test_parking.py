@@ -10,8 +10,10 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from dataloader.core.models import new_job_id
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome, after_attempt
+from dataloader.storage import queries
 from dataloader.storage.protocol import ClaimedJob, ClaimRound, WorkerProtocol
 from dataloader.workers.reaper import Reaper
 
@@ -341,3 +343,141 @@ async def test_a_next_job_of_another_queue_is_put_back_not_handed(
         await conn.fetchval("SELECT status::text FROM dl_jobs WHERE job_id = $1", elsewhere.job_id)
         == "queued"
     )
+
+
+async def test_jobs_enqueued_behind_a_running_key_go_in_parked(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A job whose lock_key's job runs is written parked: no claim walks it, and the running
+    job's end puts it back as it puts back a job a claim parked."""
+    service, protocol = await producer(start_service)
+    first = await enqueue(service, "k")
+    running = await claim_one(protocol)
+    second = await enqueue(service, "k")
+    batch = await service.dl.enqueue_many(
+        [
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="k"),
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="other"),
+            service.dl.job("demo.noop", queue=QUEUE),  # no lock_key: nothing to wait for
+            # an insert of an idempotency key may wait for another transaction's: it locks
+            # nothing meanwhile, and leaves the job to the claims
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="k", idempotency_key="once"),
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="k", available_at=timedelta(hours=1)),
+        ]
+    )
+    third, other, free, once, later = (r.job_id for r in batch)
+    alone = await service.dl.enqueue(
+        "demo.noop", queue=QUEUE, lock_key="k", idempotency_key="alone"
+    )
+    assert [await parked(conn, j) for j in (second, third, other, free, once, later)] == [
+        "lock_key",
+        "lock_key",
+        None,
+        None,
+        None,
+        "delayed",
+    ]
+    assert await parked(conn, alone.job_id) is None
+    # the claim meets only the jobs that can run: nothing for it to walk past and park
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert sorted(j.job_id for j in round_.jobs) == sorted([other, free])
+    assert sorted(round_.blocked) == sorted([once, alone.job_id])  # only those
+    assert await protocol.park(round_.blocked) == 2
+
+    await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+    assert [await parked(conn, j) for j in (second, third)] == [None, "lock_key"]
+    assert (await claim_one(protocol)).job_id == second
+    assert first == running.job_id
+
+
+async def test_an_insert_does_not_park_behind_a_running_job_being_written(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The running job's row is held by a write that may end it (and look for the next job of
+    its key before the insert is visible): the new job goes in unparked, for a claim to judge."""
+    service, protocol = await producer(start_service)
+    first = await enqueue(service, "k")
+    await claim_one(protocol)
+    writer = await asyncpg.connect(db_dsn)
+    try:
+        async with writer.transaction():
+            await writer.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", first)
+            second = await enqueue(service, "k")
+    finally:
+        await writer.close()
+    assert await parked(conn, second) is None
+    assert await park_walked(protocol) == 1  # the claim parks it, as it would any row
+    assert await parked(conn, second) == "lock_key"
+
+
+async def test_an_enqueue_in_the_callers_transaction_neither_parks_nor_holds_the_running_job(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Parking at insert share-locks the running job's row until the insert commits: inside a
+    caller's transaction, which may last, that would hold up the running job's end and its
+    heartbeats. Such a job goes in unparked, and the running row stays free to write."""
+    service, protocol = await producer(start_service)
+    first = await enqueue(service, "k")
+    await claim_one(protocol)
+    caller = await asyncpg.connect(db_dsn)
+    try:
+        async with caller.transaction():
+            result = await service.dl.enqueue(
+                "demo.noop", queue=QUEUE, lock_key="k", connection=caller
+            )
+            (many,) = await service.dl.enqueue_many(
+                [service.dl.job("demo.noop", queue=QUEUE, lock_key="k")], connection=caller
+            )
+            locked = await conn.fetchval(
+                "SELECT job_id FROM dl_jobs WHERE job_id = $1 FOR UPDATE NOWAIT", first
+            )
+            assert locked == first
+    finally:
+        await caller.close()
+    assert [await parked(conn, j) for j in (result.job_id, many.job_id)] == [None, None]
+
+
+async def test_an_end_held_up_by_an_insert_parking_behind_it_puts_the_parked_job_back(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The race that the share lock settles: while an insert that parks a job behind a running
+    job has not committed, that job's end cannot be written (the row is busy, tried again);
+    written after the commit, it sees the parked job and puts it back. Without the lock, the
+    end could miss the job it was parked behind, which would wait for the stranded sweep."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    running = await claim_one(protocol)
+    inserter = await asyncpg.connect(db_dsn)
+    try:
+        async with inserter.transaction():  # the statement an enqueue commits at once
+            second = new_job_id()
+            await inserter.execute(
+                *queries.INSERT_JOB.bind(
+                    job_id=second,
+                    queue=QUEUE,
+                    task="demo.noop",
+                    args="{}",
+                    idempotency_key=None,
+                    lock_key="k",
+                    partition_key="",
+                    priority=100,
+                    available_at=None,
+                    delay_sec=None,
+                    max_attempts=5,
+                    lease_ttl_sec=60,
+                    producer=None,
+                    consumer_group=None,
+                    actor="test",
+                    park_behind_running=True,
+                )
+            )
+            facts = running.facts()
+            transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+            applied = await protocol.finish([(running, facts, transition)], WORKER)
+            assert applied[running.job_id].state == "busy"
+    finally:
+        await inserter.close()
+    assert await parked(conn, second) == "lock_key"
+    assert await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER) is not None
+    assert await parked(conn, second) is None
+    assert (await claim_one(protocol)).job_id == second
