@@ -47,9 +47,7 @@ from dataloader import (
     metrics,
 )
 from dataloader.api import create_app
-from dataloader.core.models import new_job_id
 from dataloader.maintenance.pruner import Pruner, Retention
-from dataloader.storage import queries
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.embedded import get_server
 from dataloader.storage.maintenance import MaintenanceStore
@@ -208,65 +206,6 @@ async def enqueue_bulk(b: Bench) -> dict[str, Any]:
     return result
 
 
-@phase("enqueue_parking")
-async def enqueue_parking(b: Bench) -> dict[str, Any]:
-    """What parking at insert costs an enqueue: one `INSERT_JOBS` of 1,000 jobs with a
-    lock_key each, none of them running, beside 10 running jobs of other keys, with the look-up
-    of running keys (`parked`, as an enqueue that commits at once runs it) and without
-    (`unparked`, as inside a caller's transaction), alternating on one connection, each rolled
-    back; medians of the statement's time."""
-    batches, n = b.n(60), 1000
-    await b.fresh_database()
-    for i in range(10):
-        await b.sql(
-            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status, attempt, started_at,"
-            " heartbeat_at, lease_expires_at, claim_token)"
-            " VALUES (gen_random_uuid(), $1, 'noop', 'running-' || $2::text, 'running', 1,"
-            " now(), now(), now() + interval '1 hour', gen_random_uuid())",
-            QUEUE,
-            str(i),
-        )
-    conn = await asyncpg.connect(b.dsn)
-    seconds: dict[bool, list[float]] = {True: [], False: []}
-    try:
-        for i in range(batches):
-            for park in (i % 2 == 0, i % 2 == 1):
-                statement, *args = queries.INSERT_JOBS.bind(
-                    job_ids=[new_job_id() for _ in range(n)],
-                    queue=[QUEUE] * n,
-                    task=["noop"] * n,
-                    args=["{}"] * n,
-                    idempotency_key=[None] * n,
-                    lock_key=[f"job-{i}-{park}-{k}" for k in range(n)],
-                    partition_key=[""] * n,
-                    priority=[100] * n,
-                    available_at=[None] * n,
-                    delay_sec=[],
-                    max_attempts=[5] * n,
-                    lease_ttl_sec=[60] * n,
-                    producer=[None] * n,
-                    consumer_group=[None] * n,
-                    actor="bench",
-                    park_behind_running=park,
-                )
-                transaction = conn.transaction()
-                await transaction.start()
-                started = time.perf_counter()
-                await conn.execute(statement, *args)
-                seconds[park].append(time.perf_counter() - started)
-                await transaction.rollback()
-    finally:
-        await conn.close()
-    parked, unparked = (statistics.median(seconds[k]) * 1000 for k in (True, False))
-    return {
-        "batches": batches,
-        "jobs": n,
-        "parked_ms": parked,
-        "unparked_ms": unparked,
-        "extra_ms_per_1000": parked - unparked,
-    }
-
-
 def _drain_phase(concurrency: int) -> Phase:
     async def run(b: Bench) -> dict[str, Any]:
         n = b.n(20000 if concurrency > 1 else 5000)
@@ -384,14 +323,13 @@ async def _hot_key_runs(b: Bench) -> None:
 
 async def _running_key_enqueued(b: Bench, n: int) -> None:
     """One job of lock_key `hot` runs and `n` more of that key, older than every plain job,
-    enqueued through the client as users do, wait for it (each goes in parked)."""
+    enqueued through the client as users do, wait for it."""
     await _hot_key_runs(b)
     await b.bulk_insert(n, lambda i: NewJob(queue=QUEUE, task="noop", lock_key="hot"))
 
 
 async def _running_key(b: Bench, n: int) -> None:
-    """The same rows written in plain SQL, as another program would: the claims that meet them
-    park them."""
+    """The same rows written in plain SQL, as another program would."""
     await _hot_key_runs(b)
     await b.sql(
         "INSERT INTO dl_jobs (job_id, queue, task, lock_key, created_at)"

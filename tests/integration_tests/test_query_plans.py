@@ -150,59 +150,6 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
     assert "ix_dl_jobs_status_queue" not in plan
 
 
-#: One job of key `key-1` enqueued, parked if that key runs (INSERT_JOB), and a batch of two.
-INSERTS: dict[str, tuple[Any, ...]] = {
-    "insert_job": queries.INSERT_JOB.bind(
-        job_id=uuid.uuid4(),
-        queue="q",
-        task="t",
-        args="{}",
-        idempotency_key=None,
-        lock_key="key-1",
-        partition_key="",
-        priority=100,
-        available_at=None,
-        delay_sec=None,
-        max_attempts=5,
-        lease_ttl_sec=60,
-        producer=None,
-        consumer_group=None,
-        actor="test",
-        park_behind_running=True,
-    ),
-    "insert_jobs": queries.INSERT_JOBS.bind(
-        job_ids=[uuid.uuid4(), uuid.uuid4()],
-        queue=["q", "q"],
-        task=["t", "t"],
-        args=["{}", "{}"],
-        idempotency_key=[None, None],
-        lock_key=["key-1", "key-2"],
-        partition_key=["", ""],
-        priority=[100, 100],
-        available_at=[None, None],
-        delay_sec=[],
-        max_attempts=[5, 5],
-        lease_ttl_sec=[60, 60],
-        producer=[None, None],
-        consumer_group=[None, None],
-        actor="test",
-        park_behind_running=True,
-    ),
-}
-
-
-@pytest.mark.parametrize("name", sorted(INSERTS))
-async def test_an_enqueue_looks_up_its_running_keys_through_their_own_index(
-    stale_conn: db.Connection, name: str
-) -> None:
-    """Whether a new job's lock_key runs (it then goes in parked) is one probe of the index of
-    running keys per key, never a read of every running job of the table."""
-    plan = await plan_of(stale_conn, *INSERTS[name])
-    assert "ix_dl_jobs_running_lock_hash" in plan
-    assert "ix_dl_jobs_status_queue" not in plan
-    assert "Seq Scan" not in plan
-
-
 async def test_claim_probes_running_lock_keys_through_their_own_index(
     stale_conn: db.Connection,
 ) -> None:

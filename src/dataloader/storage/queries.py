@@ -27,32 +27,13 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 
 # --- producers ---------------------------------------------------------------------------------
 
-#: Whether a running job holds the lock_key hash `lock_hash`, share-locked as PARK_JOBS locks
-#: it: a new job of that key can go in parked behind it (claims then never walk it; the
-#: running job's end puts it back or hands it off, as it does a job a claim parked). A row
-#: being written is skipped, not waited for: a job that is ending may already have looked for
-#: the next job of its key, so a job is parked only while its running job cannot end (its end
-#: skips the row while the lock is held, and is written again once it is not, seeing the job
-#: parked). The lock lasts until the insert commits, so nothing may keep the insert waiting
-#: meanwhile: only an insert that commits at once asks for this, never one inside a caller's
-#: transaction, and only for a job without an idempotency_key (an insert of a key that another
-#: transaction inserted waits for that transaction). By ix_dl_jobs_running_lock_hash.
-_RUNNING_KEY = """
-        SELECT 1 FROM dl_jobs r
-        WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = {lock_hash}
-          AND NOT r.lock_free
-        LIMIT 1
-        FOR SHARE OF r SKIP LOCKED"""
-
 #: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
 #: the same statement. A job without a lock_key (NULL) is `lock_free`, stored with key ''.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
 #: `delay_sec` (with no `available_at`) counts from the database's clock, to the microsecond (a
 #: float: cast, since the literal 0 beside it would make it an integer, a delay of 0.3 s none).
-#: With `park_behind_running`, a job whose lock_key is held by a running job goes in parked
-#: behind it (see _RUNNING_KEY).
-_INSERT_JOB = """
+INSERT_JOB: Final = Statement("""
 WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
@@ -60,11 +41,7 @@ WITH ins AS (
     SELECT new.id, :queue, :task, :args::text::jsonb, :idempotency_key,
            COALESCE(:lock_key::text, ''), :lock_key::text IS NULL,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
-           :consumer_group,
-           CASE WHEN due.at > now() THEN 'delayed'
-                WHEN :park_behind_running::bool AND :lock_key::text IS NOT NULL
-                     AND :idempotency_key::text IS NULL AND EXISTS ({running_key})
-                    THEN 'lock_key' END
+           :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
     FROM (SELECT :job_id::uuid AS id) AS new,
          (SELECT COALESCE(:available_at,
                           now() + make_interval(secs => COALESCE(:delay_sec::float8, 0))) AS at
@@ -78,10 +55,7 @@ WITH ins AS (
     FROM ins
 )
 SELECT job_id, status::text AS status FROM ins
-"""
-INSERT_JOB: Final = Statement(
-    _INSERT_JOB.format(running_key=_RUNNING_KEY.format(lock_hash="hashtext(:lock_key::text)"))
-)
+""")
 
 #: Insert many jobs in one statement (arrays, one element per job; `job_ids` chosen by the
 #: caller so that results map back to inputs). Jobs whose idempotency_key exists are skipped,
@@ -89,29 +63,15 @@ INSERT_JOB: Final = Statement(
 #: inserted ids come back. Journals `queued` for each inserted job (`actor` as `by`).
 #: `delay_sec` is read by position, and may be empty when no job has a delay (it then costs
 #: nothing per job). A job without a lock_key (NULL) is `lock_free`, stored with key ''.
-#: With `park_behind_running`, a job whose lock_key is held by a running job goes in parked
-#: behind it (see _RUNNING_KEY: the running jobs of the batch's keys are found and locked
-#: together, by a semi-join, cheaper than a probe per key).
 INSERT_JOBS: Final = Statement("""
-WITH running_keys AS (
-    SELECT hashtext(r.lock_key) AS lock_hash FROM dl_jobs r
-    WHERE (r.status = 'running') IS TRUE AND NOT r.lock_free AND :park_behind_running::bool
-      AND hashtext(r.lock_key) IN (
-          SELECT hashtext(u.lock_key)
-          FROM unnest(:lock_key::text[], :idempotency_key::text[]) AS u(lock_key, idem)
-          WHERE u.idem IS NULL)
-    FOR SHARE OF r SKIP LOCKED
-), ins AS (
+WITH ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
                          producer, consumer_group, parked)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key,
            COALESCE(t.lock_key, ''), t.lock_key IS NULL, t.partition_key,
            t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group,
-           CASE WHEN due.at > now() THEN 'delayed'
-                WHEN t.lock_key IS NOT NULL AND t.idempotency_key IS NULL
-                     AND hashtext(t.lock_key) IN (SELECT lock_hash FROM running_keys)
-                    THEN 'lock_key' END
+           CASE WHEN due.at > now() THEN 'delayed' END
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
                 :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
                 :priority::int[], :available_at::timestamptz[], :max_attempts::int[],

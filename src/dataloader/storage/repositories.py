@@ -389,16 +389,9 @@ async def enqueue(
             columns[name] = filled.fill(job, name)
     if job_id is None:
         job_id = new_job_id()
-    park = _commits_at_once(conn)
     while True:
         row = await conn.fetchrow(
-            *queries.INSERT_JOB.bind(
-                **columns,
-                job_id=job_id,
-                args=job.args_json,
-                actor=actor,
-                park_behind_running=park,
-            )
+            *queries.INSERT_JOB.bind(**columns, job_id=job_id, args=job.args_json, actor=actor)
         )
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
@@ -430,18 +423,12 @@ async def enqueue_many(
         return []
     ids = [new_job_id() for _ in jobs]
     keyed = any(job.idempotency_key is not None for job in jobs)
-    park = _commits_at_once(conn)  # our own transaction below is as short
     # without keys nothing is skipped, and the one statement is atomic on its own
     async with atomic(conn) if keyed else contextlib.nullcontext(conn):
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
-                *queries.INSERT_JOBS.bind(
-                    job_ids=ids,
-                    actor=actor,
-                    park_behind_running=park,
-                    **_arrays(jobs, options),
-                )
+                *queries.INSERT_JOBS.bind(job_ids=ids, actor=actor, **_arrays(jobs, options))
             )
         }
         skipped = [j for j, i in zip(jobs, ids, strict=True) if i not in inserted]
@@ -497,25 +484,13 @@ async def _rerun(
     return decision.status if isinstance(decision, Transition) else written.fence.facts.status
 
 
-def _commits_at_once(conn: AnyConnection) -> bool:
-    """Whether an insert on `conn` commits as soon as it is written (no caller's transaction is
-    open): only then may it park its jobs behind their running lock_keys, whose rows it
-    share-locks until it commits (see `queries.INSERT_JOB`). Inside a caller's transaction
-    they are parked by the first claim that meets them instead."""
-    return not conn.is_in_transaction()
-
-
 #: Fields of a job sent as they are, by INSERT_JOB's parameter names (args is sent as text).
 _SINGLE_COLUMNS: Final = tuple(
-    n
-    for n in queries.INSERT_JOB.names
-    if n not in {"job_id", "args", "actor", "park_behind_running"}
+    n for n in queries.INSERT_JOB.names if n not in {"job_id", "args", "actor"}
 )
 #: Columns of INSERT_JOBS and JOBS_BY_IDEMPOTENCY (one array each).
 _COLUMNS: Final = tuple(
-    n
-    for n in queries.INSERT_JOBS.names
-    if n not in {"job_ids", "args", "actor", "park_behind_running"}
+    n for n in queries.INSERT_JOBS.names if n not in {"job_ids", "args", "actor"}
 )
 
 
