@@ -4,6 +4,7 @@ on a service without workers, so that each step is seen as it happens."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -341,3 +342,31 @@ async def test_a_next_job_of_another_queue_is_put_back_not_handed(
         await conn.fetchval("SELECT status::text FROM dl_jobs WHERE job_id = $1", elsewhere.job_id)
         == "queued"
     )
+
+
+async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A claim parks a job behind its key's running job at the moment that job's end is
+    written, again and again: whichever commits first, the job is never left parked behind a
+    key that nobody holds (the end, if it read the database before the parking committed,
+    still finds the job parked when it puts it back)."""
+    service, protocol = await producer(start_service)
+    stranded = []
+    for i in range(300):
+        queue = key = f"race-{i}"
+        first = await service.dl.enqueue("demo.noop", queue=queue, lock_key=key)
+        waiting = await service.dl.enqueue("demo.noop", queue=queue, lock_key=key)
+        (running,) = await protocol.claim(queue, 1, WORKER)
+        assert running.job_id == first.job_id
+        facts = running.facts()
+        ended = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+        _, applied = await asyncio.gather(
+            protocol.park([waiting.job_id]),
+            protocol.finish([(running, facts, ended)], WORKER),
+        )
+        if applied[running.job_id].state == "busy":  # the parking held the row: again
+            await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+        if await parked(conn, waiting.job_id) is not None:
+            stranded.append(i)
+    assert stranded == []

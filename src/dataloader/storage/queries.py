@@ -1045,6 +1045,11 @@ _NEXT_UP = """
           AND q.job_id NOT IN (SELECT job_id FROM written)
         ORDER BY q.priority, q.created_at
         LIMIT 1
+        -- read as it is now, not as the statement's snapshot has it: a claim's parking
+        -- (PARK_JOBS) that committed after that snapshot, but before this statement locked
+        -- the finished job, parked it unseen, and it would be left parked behind a key
+        -- nobody holds. Waits for a claim holding it (a statement: a moment).
+        FOR NO KEY UPDATE OF q
     ) AS w
 )"""
 
