@@ -350,7 +350,8 @@ async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
     """A claim parks a job behind its key's running job at the moment that job's end is
     written, again and again: whichever commits first, the job is never left parked behind a
     key that nobody holds (the end, if it read the database before the parking committed,
-    still finds the job parked when it puts it back)."""
+    still finds the job parked when it puts it back). A race: without the end's lock of the
+    next job, most of these tries leave it parked; with it, none may."""
     service, protocol = await producer(start_service)
     stranded = []
     for i in range(300):
@@ -370,3 +371,30 @@ async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
         if await parked(conn, waiting.job_id) is not None:
             stranded.append(i)
     assert stranded == []
+
+
+async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The end of a running job reads whether its key's next job is parked under a lock that
+    skips a job held elsewhere (a user's transaction, here): it is written at once, not when
+    that transaction ends (a wait there, with the ended jobs held, could deadlock with another
+    end's search)."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    waiting = await enqueue(service, "k")
+    running = await claim_one(protocol)
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", waiting)
+            facts = running.facts()
+            ended = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+            finishing = asyncio.ensure_future(protocol.finish([(running, facts, ended)], WORKER))
+            done, _ = await asyncio.wait([finishing], timeout=10)
+            assert done, "the end waited for the holder of the next job"
+            assert finishing.result()[running.job_id].state == "written"
+    finally:
+        await holder.close()
+    assert await parked(conn, waiting) is None
+    assert (await claim_one(protocol)).job_id == waiting

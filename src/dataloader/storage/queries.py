@@ -1028,11 +1028,13 @@ FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 #: FINISH_JOBS from what it wrote.
 
 #: The next due job, in claim order, of each lock_key hash freed (`next_up`), jobs just written
-#: excepted: looked up once, for both _WAKE and _HAND_OFF.
-_NEXT_UP = """
+#: excepted: looked up once, for both _WAKE and _HAND_OFF. `{latest}` says whether it was
+#: parked, as it is now (see _NEXT_UP_LOCKED).
+_NEXT_UP_SEARCH = """
 , next_up AS (
     SELECT f.job_id, f.lock_key, f.queue, f.left_running, f.handing, w.job_id AS next_id,
-           w.queue AS next_queue, w.lock_key AS next_key, w.parked
+           w.queue AS next_queue, w.lock_key AS next_key,
+           CASE WHEN latest.found THEN latest.parked ELSE w.parked END AS parked
     FROM freed f
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
@@ -1045,13 +1047,31 @@ _NEXT_UP = """
           AND q.job_id NOT IN (SELECT job_id FROM written)
         ORDER BY q.priority, q.created_at
         LIMIT 1
-        -- read as it is now, not as the statement's snapshot has it: a claim's parking
-        -- (PARK_JOBS) that committed after that snapshot, but before this statement locked
-        -- the finished job, parked it unseen, and it would be left parked behind a key
-        -- nobody holds. Waits for a claim holding it (a statement: a moment).
-        FOR NO KEY UPDATE OF q
     ) AS w
+    {latest}
 )"""
+
+#: WAKE_LOCK_WAITERS and HAND_OFF_NEXT read the next job in their own snapshot, taken after
+#: SET_JOB_STATES (an earlier statement of their transaction) locked and wrote the jobs that
+#: free their keys: any parking behind those jobs committed before it, and is seen.
+_NEXT_UP = _NEXT_UP_SEARCH.format(
+    latest="CROSS JOIN (SELECT NULL::text AS parked, false AS found) AS latest"
+)
+
+#: FINISH_JOBS takes its snapshot before it locks the jobs it ends (`mine`): a claim's parking
+#: (PARK_JOBS) that committed in between parked the next job unseen, and a put back decided on
+#: the snapshot would leave it parked behind a key that nobody holds. So the next job is also
+#: locked, which reads whether it is parked as it is now. One that someone else holds is not
+#: waited for (a wait while holding the ended jobs could deadlock with another end's search):
+#: the snapshot's word stands for it, as before. A parking in progress cannot be what holds
+#: it: that parking cannot share-lock the running job, which `mine` holds, and parks nothing.
+_NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
+    latest="""LEFT JOIN LATERAL (
+        SELECT l.parked, true AS found FROM dl_jobs l
+        WHERE l.job_id = w.job_id AND l.status::text = 'queued'
+        FOR NO KEY UPDATE OF l SKIP LOCKED
+    ) AS latest ON true"""
+)
 
 #: The next job of each key freed is put back into the claim's order if it was parked, unless
 #: HAND_OFF_NEXT is to take it (the finished job is `handing`, and the next job of the same
@@ -1196,7 +1216,7 @@ FINISH_JOBS_CTES: Final = "".join(
 ), written AS (
     SELECT job_id FROM upd
 )""",
-        _NEXT_UP,
+        _NEXT_UP_LOCKED,
         _WAKE,
         _HAND_OFF,
     )
