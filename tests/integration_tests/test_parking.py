@@ -373,17 +373,21 @@ async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
     assert stranded == []
 
 
+@pytest.mark.parametrize("parked_before", [False, True])
 async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
-    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str, parked_before: bool
 ) -> None:
-    """The end of a running job reads whether its key's next job is parked under a lock that
-    skips a job held elsewhere (a user's transaction, here): it is written at once, not when
+    """The end of a running job neither waits for nor writes its key's next job while
+    another session holds it (a user's transaction, here): it is written at once, not when
     that transaction ends (a wait there, with the ended jobs held, could deadlock with another
-    end's search)."""
+    end's search). A job left parked so, with nothing running, is put back by the reaper's
+    sweep of stranded keys."""
     service, protocol = await producer(start_service)
     await enqueue(service, "k")
     waiting = await enqueue(service, "k")
     running = await claim_one(protocol)
+    if parked_before:
+        assert await park_walked(protocol) == 1
     holder = await asyncpg.connect(db_dsn)
     try:
         async with holder.transaction():
@@ -396,5 +400,8 @@ async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
             assert finishing.result()[running.job_id].state == "written"
     finally:
         await holder.close()
+    if parked_before:
+        assert await parked(conn, waiting) == "lock_key"
+        assert await Reaper(protocol, "test-reaper").put_back_stranded() == 1
     assert await parked(conn, waiting) is None
     assert (await claim_one(protocol)).job_id == waiting

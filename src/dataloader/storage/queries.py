@@ -1028,13 +1028,15 @@ FROM ident WHERE ident.job_id NOT IN (SELECT job_id FROM mine)
 #: FINISH_JOBS from what it wrote.
 
 #: The next due job, in claim order, of each lock_key hash freed (`next_up`), jobs just written
-#: excepted: looked up once, for both _WAKE and _HAND_OFF. `{latest}` says whether it was
-#: parked, as it is now (see _NEXT_UP_LOCKED).
+#: excepted: looked up once, for both _WAKE and _HAND_OFF. `{latest}` says whether it is
+#: parked as it is now (`found`), and whether this statement may write it (`writable`; see
+#: _NEXT_UP_LOCKED).
 _NEXT_UP_SEARCH = """
 , next_up AS (
     SELECT f.job_id, f.lock_key, f.queue, f.left_running, f.handing, w.job_id AS next_id,
            w.queue AS next_queue, w.lock_key AS next_key,
-           CASE WHEN latest.found THEN latest.parked ELSE w.parked END AS parked
+           CASE WHEN latest.found THEN latest.parked ELSE w.parked END AS parked,
+           COALESCE(latest.writable, false) AS writable
     FROM freed f
     CROSS JOIN LATERAL (
         -- by ix_dl_jobs_queued_lock_hash: the due test is kept out of the index's reach, or
@@ -1055,19 +1057,21 @@ _NEXT_UP_SEARCH = """
 #: SET_JOB_STATES (an earlier statement of their transaction) locked and wrote the jobs that
 #: free their keys: any parking behind those jobs committed before it, and is seen.
 _NEXT_UP = _NEXT_UP_SEARCH.format(
-    latest="CROSS JOIN (SELECT NULL::text AS parked, false AS found) AS latest"
+    latest="CROSS JOIN (SELECT NULL::text AS parked, false AS found, true AS writable) AS latest"
 )
 
 #: FINISH_JOBS takes its snapshot before it locks the jobs it ends (`mine`): a claim's parking
 #: (PARK_JOBS) that committed in between parked the next job unseen, and a put back decided on
 #: the snapshot would leave it parked behind a key that nobody holds. So the next job is also
-#: locked, which reads whether it is parked as it is now. One that someone else holds is not
-#: waited for (a wait while holding the ended jobs could deadlock with another end's search):
-#: the snapshot's word stands for it, as before. A parking in progress cannot be what holds
-#: it: that parking cannot share-lock the running job, which `mine` holds, and parks nothing.
+#: locked, which reads whether it is parked as it is now, and only a job so locked is written
+#: (put back, or handed off). One that someone else holds is neither waited for nor written:
+#: two ends locking the next jobs of crossing keys in different orders would deadlock. Its
+#: holder is not a parking (that cannot share-lock the running job, which `mine` holds); it is
+#: another end, which reads it as it is now itself, or a claim, to which it is not parked, or a
+#: client's request on that job; a job left parked so is put back by the reaper's sweep.
 _NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
     latest="""LEFT JOIN LATERAL (
-        SELECT l.parked, true AS found FROM dl_jobs l
+        SELECT l.parked, true AS found, true AS writable FROM dl_jobs l
         WHERE l.job_id = w.job_id AND l.status::text = 'queued'
         FOR NO KEY UPDATE OF l SKIP LOCKED
     ) AS latest ON true"""
@@ -1090,7 +1094,7 @@ _WAKE = """
     UPDATE dl_jobs q SET parked = NULL
     FROM next_up n
     WHERE q.job_id = n.next_id AND n.parked IS NOT NULL AND q.status::text = 'queued'
-      AND NOT (n.handing AND n.next_queue = n.queue)
+      AND n.writable AND NOT (n.handing AND n.next_queue = n.queue)
 ), woken AS (
     SELECT n.job_id,
            dl_lock_waiter_found(n.job_id, n.lock_key,
@@ -1117,7 +1121,7 @@ _HAND_OFF = """
                                       OR p.max_running_per_partition IS NOT NULL
                                       OR p.max_per_second IS NOT NULL))) AS open
     FROM next_up n
-    WHERE n.handing AND n.next_queue = n.queue
+    WHERE n.handing AND n.next_queue = n.queue AND n.writable
 ), hand_put_back AS (
     UPDATE dl_jobs q SET parked = NULL
     FROM hand_next n
