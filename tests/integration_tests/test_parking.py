@@ -373,19 +373,28 @@ async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
     assert stranded == []
 
 
-@pytest.mark.parametrize("parked_before", [False, True])
+@pytest.mark.parametrize("case", ["ready", "parked", "colliding key"])
 async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
-    start_service: StartService, conn: asyncpg.Connection, db_dsn: str, parked_before: bool
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str, case: str
 ) -> None:
-    """The end of a running job neither waits for nor writes its key's next job while
-    another session holds it (a user's transaction, here): it is written at once, not when
-    that transaction ends (a wait there, with the ended jobs held, could deadlock with another
-    end's search). A job left parked so, with nothing running, is put back by the reaper's
-    sweep of stranded keys."""
+    """The end of a running job neither waits for, writes nor journals its key's next job
+    while another session holds it (a user's transaction, here): it is written at once, not
+    when that transaction ends (a wait there, with the ended jobs held, could deadlock with
+    another end's search). A job left parked so, with nothing running, is put back by the
+    reaper's sweep of stranded keys. `colliding key`: the next job's key differs but shares
+    the hash, whose wait would be journalled."""
     service, protocol = await producer(start_service)
-    await enqueue(service, "k")
-    waiting = await enqueue(service, "k")
+    keys = ["k", "k"]
+    if case == "colliding key":
+        keys = await conn.fetchval(
+            "SELECT array_agg(k ORDER BY k) FROM (SELECT 'c-' || i AS k"
+            " FROM generate_series(1, 300000) i) t GROUP BY hashtext(k) HAVING count(*) > 1"
+            " LIMIT 1"
+        )
+    await enqueue(service, keys[0])
+    waiting = await enqueue(service, keys[1])
     running = await claim_one(protocol)
+    parked_before = case == "parked"
     if parked_before:
         assert await park_walked(protocol) == 1
     holder = await asyncpg.connect(db_dsn)

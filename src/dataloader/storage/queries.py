@@ -1097,9 +1097,17 @@ _WAKE = """
       AND n.writable AND NOT (n.handing AND n.next_queue = n.queue)
 ), woken AS (
     SELECT n.job_id,
-           dl_lock_waiter_found(n.job_id, n.lock_key,
-                                CASE WHEN :wakes_own_queue THEN n.queue END,
-                                n.next_id, n.next_queue, n.next_key) AS collision
+           CASE WHEN n.writable
+                THEN dl_lock_waiter_found(n.job_id, n.lock_key,
+                                          CASE WHEN :wakes_own_queue THEN n.queue END,
+                                          n.next_id, n.next_queue, n.next_key)
+                -- one another session holds is not journalled (the journal row's foreign-key
+                -- check would wait for that session): its queue is woken, as the function
+                -- would wake it
+                WHEN NOT :wakes_own_queue OR n.next_queue <> n.queue
+                THEN pg_notify('dl_jobs', n.next_queue) IS NULL AND false
+                ELSE false
+           END AS collision
     FROM next_up n
     WHERE n.left_running
 )"""
