@@ -373,7 +373,7 @@ async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
     assert stranded == []
 
 
-@pytest.mark.parametrize("case", ["ready", "parked", "colliding key"])
+@pytest.mark.parametrize("case", ["ready", "parked", "colliding key", "other queue"])
 async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
     start_service: StartService, conn: asyncpg.Connection, db_dsn: str, case: str
 ) -> None:
@@ -382,7 +382,8 @@ async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
     when that transaction ends (a wait there, with the ended jobs held, could deadlock with
     another end's search). A job left parked so, with nothing running, is put back by the
     reaper's sweep of stranded keys. `colliding key`: the next job's key differs but shares
-    the hash, whose wait would be journalled."""
+    the hash, whose wait would be journalled. `other queue`: the next job's queue is still
+    woken (its workers may not be this one's)."""
     service, protocol = await producer(start_service)
     keys = ["k", "k"]
     if case == "colliding key":
@@ -392,8 +393,14 @@ async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
             " LIMIT 1"
         )
     await enqueue(service, keys[0])
-    waiting = await enqueue(service, keys[1])
+    if case == "other queue":
+        elsewhere = await service.dl.enqueue("demo.noop", queue="parking-2", lock_key=keys[1])
+        waiting = elsewhere.job_id
+    else:
+        waiting = await enqueue(service, keys[1])
     running = await claim_one(protocol)
+    woken: list[str] = []
+    await conn.add_listener("dl_jobs", lambda *args: woken.append(args[3]))
     parked_before = case == "parked"
     if parked_before:
         assert await park_walked(protocol) == 1
@@ -413,4 +420,13 @@ async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
         assert await parked(conn, waiting) == "lock_key"
         assert await Reaper(protocol, "test-reaper").put_back_stranded() == 1
     assert await parked(conn, waiting) is None
-    assert (await claim_one(protocol)).job_id == waiting
+    if case == "other queue":
+
+        async def queue_woken() -> bool:
+            return "parking-2" in woken
+
+        await wait_until(queue_woken, what="a wake-up of the next job's queue")
+        (claimed,) = await protocol.claim("parking-2", 1, WORKER)
+        assert claimed.job_id == waiting
+    else:
+        assert (await claim_one(protocol)).job_id == waiting

@@ -1064,7 +1064,8 @@ _NEXT_UP = _NEXT_UP_SEARCH.format(
 #: (PARK_JOBS) that committed in between parked the next job unseen, and a put back decided on
 #: the snapshot would leave it parked behind a key that nobody holds. So the next job is also
 #: locked, which reads whether it is parked as it is now, and only a job so locked is written
-#: (put back, or handed off). One that someone else holds is neither waited for nor written:
+#: (put back, or handed off) or journalled (a collision). One that someone else holds is
+#: neither waited for nor written:
 #: two ends locking the next jobs of crossing keys in different orders would deadlock. Its
 #: holder is not a parking (that cannot share-lock the running job, which `mine` holds); it is
 #: another end, which reads it as it is now itself, or a claim, to which it is not parked, or a
@@ -1103,9 +1104,10 @@ _WAKE = """
                                           n.next_id, n.next_queue, n.next_key)
                 -- one another session holds is not journalled (the journal row's foreign-key
                 -- check would wait for that session): its queue is woken, as the function
-                -- would wake it
+                -- would wake it (in a subquery: `pg_notify(…) IS NULL AND false` is folded
+                -- to false, and nothing is sent)
                 WHEN NOT :wakes_own_queue OR n.next_queue <> n.queue
-                THEN pg_notify('dl_jobs', n.next_queue) IS NULL AND false
+                THEN (SELECT false FROM (SELECT pg_notify('dl_jobs', n.next_queue)) AS sent)
                 ELSE false
            END AS collision
     FROM next_up n
