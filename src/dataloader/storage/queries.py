@@ -1065,11 +1065,12 @@ _NEXT_UP = _NEXT_UP_SEARCH.format(
 #: the snapshot would leave it parked behind a key that nobody holds. So the next job is also
 #: locked, which reads whether it is parked as it is now, and only a job so locked is written
 #: (put back, or handed off) or journalled (a collision). One that someone else holds is
-#: neither waited for nor written:
-#: two ends locking the next jobs of crossing keys in different orders would deadlock. Its
-#: holder is not a parking (that cannot share-lock the running job, which `mine` holds); it is
-#: another end, which reads it as it is now itself, or a claim, to which it is not parked, or a
-#: client's request on that job; a job left parked so is put back by the reaper's sweep.
+#: neither waited for nor written: two ends locking the next jobs of crossing keys in
+#: different orders would deadlock. Its holder is not a parking (that cannot share-lock the
+#: running job, which `mine` holds); it is another end, which reads it as it is now itself, or
+#: a claim, to which it is not parked, or a client's request on that job; a job left parked so
+#: is put back by the reaper's sweep. (`found` and `writable` differ only in _NEXT_UP, which
+#: reads nothing again and writes what its snapshot found.)
 _NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
     latest="""LEFT JOIN LATERAL (
         SELECT l.parked, true AS found, true AS writable FROM dl_jobs l
