@@ -108,3 +108,26 @@ async def test_a_stopping_worker_keeps_no_slot(start_service: StartService) -> N
     assert not manager.keep_slot("not-served")
     await manager.stop(timeout=5)
     assert not manager.keep_slot("default")
+
+
+async def test_a_chain_enqueued_in_one_call_runs_in_its_order_after_its_rows_moved(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    """The jobs of one call share their created_at; a parking or a put back writes a row anew,
+    elsewhere in the table. Rewritten last to first (so that the table's order is theirs
+    reversed), a chain still runs in the order it was given, claimed and handed on by id."""
+    ledger = Ledger()
+    ledger.register(registry)
+    service = await start_service(workers=[{"queue": "default", "concurrency": 4}])
+    await service.dl.pause("default")
+    jobs = await service.dl.enqueue_many(jobs_of("chain", range(20)))
+    for job in reversed(jobs):  # a change of `parked` is never a HOT update: a new place
+        await conn.execute("UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = $1", job.job_id)
+        await conn.execute("UPDATE dl_jobs SET parked = NULL WHERE job_id = $1", job.job_id)
+    places = await conn.fetch("SELECT job_id FROM dl_jobs WHERE lock_key = 'chain' ORDER BY ctid")
+    assert [r["job_id"] for r in places] == [job.job_id for job in reversed(jobs)]
+    await service.dl.resume("default")
+    for job in jobs:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert ledger.order == list(range(20))
+    assert ledger.most_at_once == {"chain": 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -259,3 +260,23 @@ def test_job_ids_made_in_later_milliseconds_sort_after_earlier_ones() -> None:
 
 def test_job_ids_made_in_one_millisecond_differ() -> None:
     assert len({new_job_id() for _ in range(10_000)}) == 10_000
+
+
+def test_job_ids_increase_within_a_millisecond_in_the_order_they_were_made() -> None:
+    """The jobs of one call share their created_at: their ids give their claim order."""
+    ids = [new_job_id() for _ in range(10_000)]
+    assert len({i.int >> 80 for i in ids}) < len(ids)  # several in one millisecond
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    assert all((i.version, i.variant) == (7, "specified in RFC 4122") for i in ids)
+
+
+def test_job_ids_keep_increasing_when_the_clock_steps_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = new_job_id()
+    stepped_back = (first.int >> 80) - 5_000  # five seconds earlier
+    monkeypatch.setattr(time, "time_ns", lambda: stepped_back * 1_000_000)
+    later = [new_job_id() for _ in range(100)]
+    assert first < later[0]
+    assert all(a < b for a, b in itertools.pairwise(later))
+    assert {i.int >> 80 for i in later} == {first.int >> 80}  # the last millisecond kept

@@ -10,6 +10,7 @@ settings (`DL_DEFAULT_LEASE_TTL_SEC`, `DL_DEFAULT_MAX_ATTEMPTS`), by `JobOptions
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, fields
@@ -33,17 +34,38 @@ DEFAULT_MAX_ATTEMPTS: Final = 5
 DEFAULT_LEASE_TTL_SEC: Final = 60
 
 
-def new_job_id() -> uuid.UUID:
-    """A new job's id: a version 7 UUID (RFC 9562), the time in milliseconds ahead of 74
-    random bits. Ids made close in time sort close: a job's index entries, and its journal's
-    by job, go to the few newest pages of each index rather than anywhere in it, which keeps
-    those pages full and in memory, and lets the primary key append at its right edge."""
-    millis = time.time_ns() // 1_000_000
-    random = int.from_bytes(os.urandom(10), "big")
-    rand_a, rand_b = random >> 68, random & ((1 << 62) - 1)  # 12 and 62 bits
-    return uuid.UUID(
-        int=(millis & (1 << 48) - 1) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
-    )
+class _JobIds:
+    """Version 7 UUIDs (RFC 9562) that increase within the process: the time in milliseconds
+    ahead of 74 random bits, and within one millisecond (or if the clock steps back) the last
+    id's bits plus one (the RFC's monotonic random method)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._millis = 0
+        self._random = 0
+
+    def __call__(self) -> uuid.UUID:
+        millis = time.time_ns() // 1_000_000
+        with self._lock:
+            if millis > self._millis:
+                self._millis, self._random = millis, int.from_bytes(os.urandom(10), "big") >> 6
+            else:
+                self._random += 1
+                if self._random >> 74:  # 2**74 ids in a millisecond: borrow the next one
+                    self._millis, self._random = self._millis + 1, 0
+            millis, random = self._millis, self._random
+        rand_a, rand_b = random >> 62, random & ((1 << 62) - 1)  # 12 and 62 bits
+        return uuid.UUID(
+            int=(millis & (1 << 48) - 1) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
+        )
+
+
+#: A new job's id: a version 7 UUID, increasing within the process. Ids made close in time sort
+#: close: a job's index entries, and its journal's by job, go to the few newest pages of each
+#: index rather than anywhere in it, which keeps those pages full and in memory, and lets the
+#: primary key append at its right edge. The jobs of one call, which share their created_at,
+#: are claimed in the order of their ids: the order they were given.
+new_job_id: Final = _JobIds()
 
 
 @dataclass(frozen=True, slots=True)

@@ -419,7 +419,7 @@ WITH walked AS (
       -- tested once per claim (one probe of dl_queues)
       AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p WHERE p.queue = :queue AND ({closed})))
       {walk_filter}
-    ORDER BY j.priority ASC, j.created_at ASC
+    ORDER BY j.priority ASC, j.created_at ASC, j.job_id ASC
     LIMIT :walk
     FOR UPDATE SKIP LOCKED
 ), judged AS (
@@ -504,7 +504,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        COALESCE((SELECT {has_limits} FROM dl_queues p WHERE p.queue = :queue), false),
        {held}
 FROM judged
-ORDER BY priority, created_at
+ORDER BY priority, created_at, job_id
 """
 
 #: Whether a dl_queues row `p` sets any limit.
@@ -520,7 +520,7 @@ _ONE_PER_KEY = """
                job_id, priority, created_at, task
         FROM judged
         WHERE NOT blocked
-        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at"""
+        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at, job_id"""
 
 CLAIM_JOBS: Final = Statement(
     _CLAIM.format(
@@ -570,7 +570,8 @@ CLAIM_LIMITED: Final = Statement(
 ), ranked AS (
     SELECT o.*,
            CASE WHEN o.partition_key <> '' THEN
-               row_number() OVER (PARTITION BY o.partition_key ORDER BY o.priority, o.created_at)
+               row_number() OVER (PARTITION BY o.partition_key
+                                  ORDER BY o.priority, o.created_at, o.job_id)
                -- the jobs of its partition_key running now, found by the key's hash
                -- (ix_dl_jobs_running_partition_hash), the text itself tested on them
                + (SELECT count(*) FROM dl_jobs r
@@ -583,7 +584,7 @@ CLAIM_LIMITED: Final = Statement(
                job_id, priority, created_at, partition_key, task
         FROM judged
         WHERE NOT blocked
-        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at
+        ORDER BY lock_hash, CASE WHEN lock_free THEN job_id END, priority, created_at, job_id
     ) AS o
 )""",
         candidates="""
@@ -750,7 +751,7 @@ WITH RECURSIVE hashes AS (
     SELECT (SELECT q.job_id FROM dl_jobs q
             WHERE q.status = 'queued' AND hashtext(q.lock_key) = stranded.h
               AND q.parked = 'lock_key' AND NOT q.lock_free
-            ORDER BY q.priority, q.created_at LIMIT 1) AS job_id
+            ORDER BY q.priority, q.created_at, q.job_id LIMIT 1) AS job_id
     FROM stranded
 ), put_back AS (
     UPDATE dl_jobs j SET parked = NULL
@@ -1047,7 +1048,7 @@ _NEXT_UP_SEARCH = """
           AND NOT q.lock_free
           AND (q.available_at <= now()) IS TRUE AND q.job_id <> f.job_id
           AND q.job_id NOT IN (SELECT job_id FROM written)
-        ORDER BY q.priority, q.created_at
+        ORDER BY q.priority, q.created_at, q.job_id
         LIMIT 1
     ) AS w
     {latest}
@@ -1081,14 +1082,13 @@ _NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
 
 #: The next job of each key freed is put back into the claim's order if it was parked, unless
 #: HAND_OFF_NEXT is to take it (the finished job is `handing`, and the next job of the same
-#: queue: _HAND_OFF puts it back itself when it does not hand it off): a row updated here would
-#: move behind the jobs it ties with in claim order, and the hand-off would find another. For a
-#: job that left `running`, the next job is woken (dl_lock_waiter_found, migration 0006): its
-#: queue is notified, on whichever replica serves it, unless `wakes_own_queue` (a worker, which
-#: serves the finished job's queue and wakes it itself) and it is of the same queue; and a next
-#: job whose lock_key differs from the finished one's (the same hashtext) is journalled
-#: `lock_key_collision` (`woken`: each finished job whose next job was woken, and whether it
-#: collided).
+#: queue: _HAND_OFF puts it back itself when it does not hand it off): two parts of one
+#: statement that update one row would not both take effect. For a job that left `running`,
+#: the next job is woken (dl_lock_waiter_found, migration 0006): its queue is notified, on
+#: whichever replica serves it, unless `wakes_own_queue` (a worker, which serves the finished
+#: job's queue and wakes it itself) and it is of the same queue; and a next job whose lock_key
+#: differs from the finished one's (the same hashtext) is journalled `lock_key_collision`
+#: (`woken`: each finished job whose next job was woken, and whether it collided).
 _WAKE = """
 , wake_put_back AS (
     -- by its primary key: a status test an index could serve let stale statistics send this
