@@ -222,6 +222,12 @@ class Settings(BaseSettings):
         le=86_400,
         description="Delay before retrying a job whose lock_key is busy.",
     )
+    claim_ahead: bool = Field(
+        default=True,
+        description="While a queue's jobs run shorter than a claim takes, claim one set of"
+        " jobs ahead of its free slots (they start as slots free; off: claim for free slots"
+        " only).",
+    )
     retry_base_sec: float = Field(
         default=30, ge=0, le=86_400, description="Retry delay = DL_RETRY_BASE_SEC x attempt."
     )

@@ -14,6 +14,7 @@ The jobs' own metrics, per queue and task:
 
     dataloader_jobs_enqueued_total{queue,task}          jobs this process enqueued (created)
     dataloader_jobs_started_total{queue,task}           attempts this process's workers started
+    dataloader_jobs_claimed_ahead_total{queue}          jobs claimed ahead of free slots
     dataloader_jobs_ended_total{queue,task,outcome}     attempts ended: succeeded, failed,
                                                         retried, canceled, lost
     dataloader_job_wait_seconds{queue}                  from due (enqueued, or retry time) to start
@@ -115,6 +116,11 @@ JOBS_ENQUEUED: Final = Counter(
 )
 JOBS_STARTED: Final = Counter(
     "dataloader_jobs_started", "Attempts this process's workers started.", ["queue", "task"]
+)
+JOBS_CLAIMED_AHEAD: Final = Counter(
+    "dataloader_jobs_claimed_ahead",
+    "Jobs claimed ahead of this process's free slots (started as slots freed).",
+    ["queue"],
 )
 JOBS_ENDED: Final = Counter(
     "dataloader_jobs_ended",

@@ -1,7 +1,12 @@
 """One queue's worker: claim as many jobs as there are free slots, lock, run, finish.
 
-claim (batch ≤ free slots) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
-                                             └─ held ─► run ─► unlock ─► finish
+claim (batch ≤ free slots + ahead) ─► advisory lock ─┬─ busy ─► backoff (attempt refunded)
+                                                     └─ held ─► run ─► unlock ─► finish
+
+While its jobs run shorter than a claim takes, the worker also claims ahead
+(`workers.claims.ClaimPace`): the jobs claimed beyond its free slots wait, in claim order, for
+the next slots to free; those still waiting when it stops, or after AHEAD_MAX_WAIT_SEC, go
+back to the queue.
 
 Each job, or batch of a batched task's jobs, runs in a slot of its own through the process's
 `Executor` (`workers.executor`: the handler's call, its timeout, what it ended as), stopped
@@ -14,13 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from typing import NamedTuple
 
 from dataloader import metrics
 from dataloader.core.transitions import Ended, Outcome
 from dataloader.logger import log_context
 from dataloader.storage.protocol import ClaimedJob
 from dataloader.tasks import Task
-from dataloader.workers.claims import QueueClaims
+from dataloader.workers.claims import AHEAD_MAX_WAIT_SEC, ClaimPace, QueueClaims
 from dataloader.workers.completer import Completer
 from dataloader.workers.executor import Executor
 from dataloader.workers.locks import LockConnectionLost
@@ -63,16 +70,6 @@ class Slots:
     @property
     def job_tasks(self) -> set[asyncio.Task[None]]:
         return set(self._jobs)
-
-    async def _start(self, jobs: list[ClaimedJob], claimed_at: float) -> None:
-        """Lock the jobs and run them, a unit per slot (`_units`): the claim brought no more
-        units than there are free slots (see `QueueClaims.claim`)."""
-        for unit in await self._units(jobs):
-            task = asyncio.create_task(
-                self._execute_units([unit], claimed_at), name=f"dataloader-job-{unit[0].job.job_id}"
-            )
-            self._jobs.add(task)
-            task.add_done_callback(self._finished)
 
     async def _units(self, jobs: list[ClaimedJob]) -> list[list[RunningJob]]:
         """Lock each job's key and back off those busy; the others, running now (their leases
@@ -152,10 +149,13 @@ class Slots:
                 found = self._rt.registry.get(unit[0].job.task)
                 if self._stopping_now() or any(r.handback for r in unit):
                     await self._hand_back(unit, "worker shutting down")
-                elif found is not None and found.batched:
+                    continue
+                started = time.monotonic()
+                if found is not None and found.batched:
                     await self._execute_batch(unit, found)
                 else:
                     await self._execute(unit[0])
+                self._unit_ran(time.monotonic() - started)
         finally:
             in_progress.dec(count)
             metrics.of(metrics.CYCLE_DURATION, queue).observe(time.monotonic() - claimed_at)
@@ -163,6 +163,9 @@ class Slots:
     def _stopping_now(self) -> bool:
         """Whether the worker stops: a unit not started yet is not started."""
         return False
+
+    def _unit_ran(self, seconds: float) -> None:
+        """A unit ran for `seconds`, from its start until its outcomes were queued."""
 
     async def _execute(self, running: RunningJob) -> None:
         job = running.job
@@ -229,6 +232,12 @@ class QueueWorker(Slots):
         self.claims = QueueClaims(queue, runtime)
         #: Jobs a slot takes per claim.
         self.batch_size = declared_batch_size(runtime, queue)
+        #: When the worker claims ahead, and how much (see `ClaimPace`).
+        self.pace = ClaimPace(enabled=runtime.settings.claim_ahead)
+        #: Units claimed ahead (see `ClaimPace`), in claim order: they start as slots free.
+        self._ahead: deque[_Waiting] = deque()
+        #: Jobs claimed ahead of free slots since the worker started (for operators, tests).
+        self.claimed_ahead = 0
 
     def keep_slot(self) -> bool:
         """Keep a free slot for a job an outcome's write may claim for this worker (see
@@ -269,7 +278,7 @@ class QueueWorker(Slots):
             _count_start(job)
             if self._rt.wakes_heartbeat([job]):
                 self._rt.job_started.set()
-            await self._execute_units([[self._rt.running[job.job_id]]], claimed_at)
+            await self._run_slot([[self._rt.running[job.job_id]]], claimed_at)
         else:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
 
@@ -286,13 +295,25 @@ class QueueWorker(Slots):
         return self.claims.answered
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Claim and start jobs until `stopping` is set."""
+        """Claim and start jobs until `stopping` is set; then hand back the jobs claimed
+        ahead that have not started (whatever ended the loop)."""
         self._stopping = stopping
+        try:
+            await self._claim_until(stopping)
+        finally:
+            self._hand_back_ahead(stale_only=False)
+
+    async def _claim_until(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
+            self._hand_back_ahead(stale_only=True)
             free = self.concurrency - len(self._jobs) - self._kept
-            if free <= 0:
+            if free > 0 and self._ahead:
+                self._start_ahead(free)
+                continue
+            ahead = self.pace.ahead(self.concurrency, len(self._ahead))
+            if free + ahead <= 0:
                 self._slot_freed.clear()
-                await wait_any(self._slot_freed, stopping)
+                await wait_any(self._slot_freed, stopping, timeout=self._ahead_patience())
                 continue
             if not self._rt.locks.ready.is_set():
                 await wait_any(self._rt.locks.ready, stopping)
@@ -304,7 +325,9 @@ class QueueWorker(Slots):
             try:
                 claim_started = time.monotonic()
                 self._claiming = free  # until the jobs claimed have their slots
-                claimed = await self.claims.claim(free * self.batch_size, claim_started, free)
+                wanted = free + ahead
+                claimed = await self.claims.claim(wanted * self.batch_size, claim_started, wanted)
+                self.pace.claimed(time.monotonic() - claim_started)
                 self._claiming = min(len(claimed.jobs), free)
                 # a wake-up while the claim ran (an outcome written, a job enqueued) may have
                 # made a job claimable after the claim's snapshot: not idle yet
@@ -323,12 +346,88 @@ class QueueWorker(Slots):
             except Exception as exc:  # the loop must outlive any database trouble
                 self._claiming = 0
                 timeout = self.claims.failure_pause(exc)
+            patience = self._ahead_patience()
+            if patience is not None:
+                timeout = min(timeout, patience)
             await wait_any(self._wakeup, stopping, timeout=timeout)
+
+    async def _start(self, jobs: list[ClaimedJob], claimed_at: float) -> None:
+        """Lock the jobs and run them, a unit per free slot (`_units`); the units beyond the
+        free slots (claimed ahead) wait for slots, in claim order."""
+        units = await self._units(jobs)
+        free = max(0, self.concurrency - len(self._jobs) - self._kept)
+        for unit in units[:free]:
+            self._open_slot(unit, claimed_at)
+        now = time.monotonic()
+        for unit in units[free:]:
+            self._ahead.append(_Waiting(unit, claimed_at, now))
+            self.claimed_ahead += len(unit)
+            metrics.of(metrics.JOBS_CLAIMED_AHEAD, self.queue).inc(len(unit))
+
+    def _start_ahead(self, free: int) -> None:
+        """Start units claimed ahead in `free` free slots."""
+        while free > 0 and self._ahead:
+            waiting = self._ahead.popleft()
+            self._open_slot(waiting.unit, waiting.claimed_at)
+            free -= 1
+
+    def _open_slot(self, unit: list[RunningJob], claimed_at: float) -> None:
+        task = asyncio.create_task(
+            self._run_slot([unit], claimed_at), name=f"dataloader-job-{unit[0].job.job_id}"
+        )
+        self._jobs.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _run_slot(self, units: list[list[RunningJob]], claimed_at: float) -> None:
+        """A slot's run: `units`, then the units claimed ahead, while some wait and the
+        worker does not stop (those left then go back to the queue: see `run`)."""
+        await self._execute_units(units, claimed_at)
+        while self._ahead and not (self._stopping is not None and self._stopping.is_set()):
+            waiting = self._ahead.popleft()
+            if not self._ahead:
+                self._slot_freed.set()  # room to claim ahead again
+            await self._execute_units([waiting.unit], waiting.claimed_at)
+
+    def _unit_ran(self, seconds: float) -> None:
+        self.pace.ran(seconds)
+
+    def _ahead_patience(self) -> float | None:
+        """Seconds until the oldest unit claimed ahead has waited AHEAD_MAX_WAIT_SEC (None:
+        none waits)."""
+        if not self._ahead:
+            return None
+        return max(0.0, self._ahead[0].since + AHEAD_MAX_WAIT_SEC - time.monotonic())
+
+    def _hand_back_ahead(self, *, stale_only: bool) -> None:
+        """Hand back to the queue, attempt refunded, the units claimed ahead that waited
+        AHEAD_MAX_WAIT_SEC for a slot (`stale_only`: the slots' jobs turned out long, which
+        the pace learns; another worker may be free), or all of them (the claim loop ends).
+        Their outcomes are queued without waiting: this runs when the loop is cancelled too."""
+        now = time.monotonic()
+        if stale_only:
+            if not self._ahead or now - self._ahead[0].since < AHEAD_MAX_WAIT_SEC:
+                return
+            self.pace.stalled(now - self._ahead[0].since)
+            why = f"claimed ahead, no slot was free within {AHEAD_MAX_WAIT_SEC:g}s"
+        else:
+            why = "worker shutting down"
+        while self._ahead and (not stale_only or now - self._ahead[0].since >= AHEAD_MAX_WAIT_SEC):
+            for running in self._ahead.popleft().unit:
+                self._completer.enqueue(running, Outcome(Ended.HANDED_BACK, why, refund=True))
 
     def _outcomes_pending(self) -> bool:
         """Whether a job of this queue has ended but its outcome is not written yet: a
         failure written later may make it ready again (the write wakes this queue)."""
         return any(r.job.queue == self.queue for r in self._rt.running.values())
+
+
+class _Waiting(NamedTuple):
+    """A unit claimed ahead, waiting for a slot."""
+
+    unit: list[RunningJob]
+    #: When (monotonic) the claim that took it started, and when it began to wait.
+    claimed_at: float
+    since: float
 
 
 def declared_batch_size(runtime: WorkerRuntime, queue: str) -> int:

@@ -5,6 +5,10 @@ delayed jobs only when one is (no statement runs for nothing), and a worker with
 claim sleeps until then at most. Jobs a claim walked past that cannot run (not due, or behind a
 running job of their lock_key) are parked, and the next claim walks further, so that a long
 run of them is parked in a few claims rather than one slot's worth each.
+
+While its jobs run shorter than a claim takes, a worker claims ahead (`ClaimPace`): beyond its
+free slots, the jobs its slots run in a claim's time, claimed while its slots run, so that the
+claim's round trip overlaps their runs instead of following them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ MAX_WALK = 10_000
 DUE_RETRY_SEC = 1.0
 #: Delayed jobs come due put back per statement.
 PUT_BACK_BATCH = 1000
+#: Weight of the newest measure in the estimates of `ClaimPace`.
+PACE_WEIGHT = 0.2
+#: Fewest units a claim ahead may take, however few the slots: claims of twenty jobs cost the
+#: database far less per job than claims of a few.
+AHEAD_MIN_UNITS = 20
+#: Longest a job claimed ahead waits for a slot before it goes back to the queue (the jobs in
+#: the slots turned out long: another worker may be free).
+AHEAD_MAX_WAIT_SEC = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,52 @@ class Claimed:
     moved: bool
     #: Jobs that could run but the queue's limits held back (the queue is not idle).
     held: int = 0
+
+
+@dataclass(slots=True)
+class ClaimPace:
+    """How many units (a job, or a batch) a worker claims ahead: for slots that are not free
+    yet, while the slots' jobs run, so that the claim's round trip overlaps their runs rather
+    than leaving the slots idle. Only while the units run shorter than a claim takes (both
+    estimated from what the worker saw last), and no more than its slots run in one claim's
+    time: a unit claimed ahead then waits for a slot no longer than it would have waited for
+    the next claim. Without an estimate yet (no unit ran), nothing is claimed ahead."""
+
+    #: Whether claiming ahead is allowed at all (`DL_CLAIM_AHEAD`).
+    enabled: bool
+    #: How long a slot's unit runs, and a claim round takes, in seconds.
+    run_sec: float | None = None
+    claim_sec: float | None = None
+
+    def ran(self, seconds: float) -> None:
+        """A unit ran for `seconds` (or the slots were taken that long)."""
+        self.run_sec = _blend(self.run_sec, seconds)
+
+    def claimed(self, seconds: float) -> None:
+        """A claim round took `seconds`."""
+        self.claim_sec = _blend(self.claim_sec, seconds)
+
+    def stalled(self, seconds: float) -> None:
+        """Units claimed ahead waited `seconds` for a slot: the slots' units run at least that
+        long, until short runs say otherwise again."""
+        self.run_sec = max(self.run_sec or 0.0, seconds)
+
+    def ahead(self, slots: int, waiting: int) -> int:
+        """How many units to claim ahead now, for `slots` slots with `waiting` units claimed
+        ahead already: none while some wait; else what the slots run in a claim's time, at
+        most the slots or AHEAD_MIN_UNITS, whichever is more."""
+        run, claim = self.run_sec, self.claim_sec
+        if not self.enabled or waiting or run is None or claim is None or run > claim:
+            return 0
+        most = max(slots, AHEAD_MIN_UNITS)
+        return most if run == 0 else min(most, int(slots * claim / run))
+
+
+def _blend(estimate: float | None, measure: float) -> float:
+    """An exponentially weighted moving average, started at the first measure."""
+    if estimate is None:
+        return measure
+    return estimate + PACE_WEIGHT * (measure - estimate)
 
 
 class QueueClaims:

@@ -1,0 +1,202 @@
+"""Claiming ahead: while its jobs run shorter than a claim takes, a worker claims one more
+set of jobs than it has free slots (`workers.claims.ClaimPace`). They start as slots free,
+never more at once than the slots; when the worker stops, or no slot frees in time, they go
+back to the queue with their attempts refunded."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from dataloader import NewJob
+from dataloader.tasks import TaskRegistry
+from dataloader.workers import base
+from dataloader.workers.base import QueueWorker
+from dataloader.workers.job_context import JobContext
+
+from .conftest import StartService
+from .helpers import ADVISORY_LOCKS, event_payloads, wait_until
+
+QUEUE = "default"
+
+
+class Slots:
+    """Tasks that show how many jobs run at once: `t.quick` (no I/O) and `t.blocker`, which
+    runs until the test releases it."""
+
+    def __init__(self, registry: TaskRegistry) -> None:
+        self.running = 0
+        self.most_at_once = 0
+        self.ran: list[int] = []
+        self.blocker_started = asyncio.Event()
+        self.release = asyncio.Event()
+
+        @registry.register("t.quick")
+        async def quick(ctx: JobContext[dict[str, Any]]) -> None:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            await asyncio.sleep(0)  # another job could start here, if it had a slot
+            self.ran.append(ctx.args["i"])
+            self.running -= 1
+
+        @registry.register("t.blocker")
+        async def blocker(ctx: JobContext[dict[str, Any]]) -> None:
+            self.blocker_started.set()
+            await self.release.wait()
+
+
+def quick_jobs(numbers: range) -> list[NewJob]:
+    return [NewJob(queue=QUEUE, task="t.quick", args={"i": i}) for i in numbers]
+
+
+def claimed_ahead_metric() -> float:
+    return REGISTRY.get_sample_value("dataloader_jobs_claimed_ahead_total", {"queue": QUEUE}) or 0
+
+
+def primed(worker: QueueWorker) -> None:
+    """The worker has seen units much shorter than its claims (their real measures follow)."""
+    worker.pace.ran(0.0)
+    worker.pace.claimed(0.05)
+
+
+async def statuses(conn: asyncpg.Connection, jobs: list[Any]) -> list[tuple[str, int]]:
+    rows = await conn.fetch(
+        "SELECT status::text, attempt FROM dl_jobs WHERE job_id = ANY($1::uuid[]) ORDER BY job_id",
+        [job.job_id for job in jobs],
+    )
+    return [(r["status"], r["attempt"]) for r in rows]
+
+
+async def test_short_jobs_are_claimed_ahead_and_run_no_more_at_once_than_the_slots(
+    start_service: StartService, registry: TaskRegistry
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 2}])
+    worker = service.manager.queues[QUEUE]
+    metric_before = claimed_ahead_metric()
+    jobs = await service.dl.enqueue_many(quick_jobs(range(300)))
+    for job in jobs:
+        assert (await service.dl.wait(job.job_id, timeout=60)).status == "succeeded"
+    assert sorted(slots.ran) == list(range(300))
+    assert worker.claimed_ahead > 0
+    assert claimed_ahead_metric() - metric_before == worker.claimed_ahead
+    assert slots.most_at_once <= 2
+
+
+async def test_jobs_longer_than_a_claim_are_not_claimed_ahead(
+    start_service: StartService, registry: TaskRegistry
+) -> None:
+    @registry.register("t.slow")
+    async def slow(ctx: JobContext[dict[str, Any]]) -> None:
+        await asyncio.sleep(0.2)  # the job's own work: far longer than a claim
+
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 2}])
+    worker = service.manager.queues[QUEUE]
+    jobs = await service.dl.enqueue_many([NewJob(queue=QUEUE, task="t.slow") for _ in range(6)])
+    for job in jobs:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert worker.claimed_ahead == 0
+
+
+async def start_behind_a_blocker(service: Any, slots: Slots) -> tuple[Any, list[Any]]:
+    """Enqueue a blocker and three quick jobs in one call, on a worker of one slot whose pace
+    says claim ahead: the blocker takes the slot and the quick ones are claimed ahead."""
+    worker = service.manager.queues[QUEUE]
+    primed(worker)
+    blocker, *quick = await service.dl.enqueue_many(
+        [NewJob(queue=QUEUE, task="t.blocker"), *quick_jobs(range(3))]
+    )
+    await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
+    return blocker, quick
+
+
+async def test_jobs_claimed_ahead_start_as_the_slot_frees(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+    blocker, quick = await start_behind_a_blocker(service, slots)
+    assert worker.claimed_ahead == 3
+    assert await statuses(conn, quick) == [("running", 1)] * 3
+    assert slots.ran == []  # claimed, not started: the slot is the blocker's
+    slots.release.set()
+    for job in [blocker, *quick]:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert slots.ran == [0, 1, 2]  # in claim order
+    assert slots.most_at_once == 1
+
+
+async def test_jobs_claimed_ahead_go_back_to_the_queue_when_the_worker_stops(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    blocker, quick = await start_behind_a_blocker(service, slots)
+    stopping = asyncio.create_task(service.manager.stop(timeout=30))
+
+    async def handed_back() -> bool:
+        return await statuses(conn, quick) == [("queued", 0)] * 3
+
+    await wait_until(handed_back, what="the jobs claimed ahead back in the queue")
+    slots.release.set()  # the job in the slot runs to its end
+    await stopping
+    assert await statuses(conn, [blocker]) == [("succeeded", 1)]
+    assert slots.ran == []
+    for job in quick:
+        (requeue,) = await event_payloads(conn, str(job.job_id), "requeue")
+        assert (requeue["reason"], requeue["refunded"]) == ("worker shutting down", True)
+    assert await conn.fetchval(ADVISORY_LOCKS) == 0
+
+
+async def test_jobs_claimed_ahead_go_back_when_no_slot_frees_in_time(
+    start_service: StartService,
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job in the slot turned out long: the jobs claimed ahead behind it go back to the
+    queue (another worker may be free), and the worker claims nothing ahead again until its
+    jobs run short again."""
+    monkeypatch.setattr(base, "AHEAD_MAX_WAIT_SEC", 0.3)
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+    blocker, quick = await start_behind_a_blocker(service, slots)
+
+    async def handed_back() -> bool:
+        return await statuses(conn, quick) == [("queued", 0)] * 3
+
+    await wait_until(handed_back, what="the jobs claimed ahead back in the queue")
+    for job in quick:
+        (requeue,) = await event_payloads(conn, str(job.job_id), "requeue")
+        assert (requeue["reason"], requeue["refunded"]) == (
+            "claimed ahead, no slot was free within 0.3s",
+            True,
+        )
+    assert worker.pace.ahead(1, 0) == 0  # the wait taught it: the slot's jobs are long
+    assert await statuses(conn, [blocker]) == [("running", 1)]
+    slots.release.set()
+    for job in [blocker, *quick]:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert worker.claimed_ahead == 3
+
+
+async def test_claiming_ahead_switched_off_claims_only_for_free_slots(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}], claim_ahead=False)
+    worker = service.manager.queues[QUEUE]
+    blocker, quick = await start_behind_a_blocker(service, slots)
+    # the claim that took the blocker has ended: it took nothing else
+    assert await statuses(conn, quick) == [("queued", 0)] * 3
+    assert worker.claimed_ahead == 0
+    slots.release.set()
+    for job in [blocker, *quick]:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert worker.claimed_ahead == 0
