@@ -1,7 +1,7 @@
-"""Claiming ahead: while its jobs run shorter than a claim takes, a worker claims one more
-set of jobs than it has free slots (`workers.claims.ClaimPace`). They start as slots free,
-never more at once than the slots; when the worker stops, or no slot frees in time, they go
-back to the queue with their attempts refunded."""
+"""Claiming ahead: while its jobs run shorter than a claim takes, a worker claims more jobs
+than it has free slots (`workers.claims.ClaimPace`). They start as slots free, never more at
+once than the slots; when the worker stops, or no slot frees in time, they go back to the
+queue as jobs that never started (a `backoff`, attempt refunded, no hand-back counted)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,24 @@ def quick_jobs(numbers: range) -> list[NewJob]:
 
 def claimed_ahead_metric() -> float:
     return REGISTRY.get_sample_value("dataloader_jobs_claimed_ahead_total", {"queue": QUEUE}) or 0
+
+
+def started_metric(task: str) -> float:
+    labels = {"queue": QUEUE, "task": task}
+    return REGISTRY.get_sample_value("dataloader_jobs_started_total", labels) or 0
+
+
+async def given_back(conn: asyncpg.Connection, jobs: list[Any]) -> list[tuple[str, int, int, str]]:
+    """Each job's status, attempt and hand-backs, and why it was given back (its `backoff`)."""
+    found = []
+    for job in jobs:
+        row = await conn.fetchrow(
+            "SELECT status::text, attempt, handbacks FROM dl_jobs WHERE job_id = $1", job.job_id
+        )
+        assert row is not None
+        (backoff,) = await event_payloads(conn, str(job.job_id), "backoff")
+        found.append((row["status"], row["attempt"], row["handbacks"], backoff["reason"]))
+    return found
 
 
 def primed(worker: QueueWorker) -> None:
@@ -136,6 +154,7 @@ async def test_jobs_claimed_ahead_go_back_to_the_queue_when_the_worker_stops(
 ) -> None:
     slots = Slots(registry)
     service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    started_before = started_metric("t.quick")
     blocker, quick = await start_behind_a_blocker(service, slots)
     stopping = asyncio.create_task(service.manager.stop(timeout=30))
 
@@ -147,9 +166,8 @@ async def test_jobs_claimed_ahead_go_back_to_the_queue_when_the_worker_stops(
     await stopping
     assert await statuses(conn, [blocker]) == [("succeeded", 1)]
     assert slots.ran == []
-    for job in quick:
-        (requeue,) = await event_payloads(conn, str(job.job_id), "requeue")
-        assert (requeue["reason"], requeue["refunded"]) == ("worker shutting down", True)
+    assert await given_back(conn, quick) == [("queued", 0, 0, "worker shutting down")] * 3
+    assert started_metric("t.quick") == started_before  # claimed, never started
     assert await conn.fetchval(ADVISORY_LOCKS) == 0
 
 
@@ -172,12 +190,8 @@ async def test_jobs_claimed_ahead_go_back_when_no_slot_frees_in_time(
         return await statuses(conn, quick) == [("queued", 0)] * 3
 
     await wait_until(handed_back, what="the jobs claimed ahead back in the queue")
-    for job in quick:
-        (requeue,) = await event_payloads(conn, str(job.job_id), "requeue")
-        assert (requeue["reason"], requeue["refunded"]) == (
-            "claimed ahead, no slot was free within 0.3s",
-            True,
-        )
+    why = "claimed ahead, no slot was free within 0.3s"
+    assert await given_back(conn, quick) == [("queued", 0, 0, why)] * 3
     assert worker.pace.ahead(1, 0) == 0  # the wait taught it: the slot's jobs are long
     assert await statuses(conn, [blocker]) == [("running", 1)]
     slots.release.set()
@@ -200,3 +214,57 @@ async def test_claiming_ahead_switched_off_claims_only_for_free_slots(
     for job in [blocker, *quick]:
         assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
     assert worker.claimed_ahead == 0
+
+
+async def test_jobs_claimed_ahead_take_a_slot_freed_without_a_wake_up(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    """The completer keeps the only slot for a hand-off that does not come (its write failed):
+    the slot comes back without any job's end to wake the worker, and the jobs claimed ahead
+    meanwhile take it rather than wait to be given back."""
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+
+    async def claimed_once() -> bool:
+        return worker.claims_answered > 0
+
+    await wait_until(claimed_once, what="the worker's first claim")
+    primed(worker)
+    assert worker.keep_slot()
+    quick = await service.dl.enqueue_many(quick_jobs(range(3)))
+
+    async def all_ahead() -> bool:
+        return worker.claimed_ahead == 3
+
+    await wait_until(all_ahead, what="three jobs claimed ahead of the kept slot")
+    worker.release_slot()
+    for job in quick:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert slots.ran == [0, 1, 2]
+    for job in quick:
+        assert await event_payloads(conn, str(job.job_id), "backoff") == []
+
+
+async def test_a_queue_with_limits_is_not_claimed_ahead(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    """A job claimed counts against the queue's limits: claimed ahead, it would hold back
+    another worker's free slot. Another worker runs them while the first one's slot is busy."""
+    slots = Slots(registry)
+    first = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    await first.dl.set_limits(QUEUE, max_running=3)
+    worker = first.manager.queues[QUEUE]
+    (blocker,) = await first.dl.enqueue_many([NewJob(queue=QUEUE, task="t.blocker")])
+    await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
+    primed(worker)  # its claims learnt that the queue has limits
+    quick = await first.dl.enqueue_many(quick_jobs(range(3)))
+    second = await start_service(workers=[{"queue": QUEUE, "concurrency": 2}])
+    for job in quick:
+        assert (await second.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert worker.claimed_ahead == 0
+    for job in quick:
+        assert await event_payloads(conn, str(job.job_id), "backoff") == []
+    assert await statuses(conn, [blocker]) == [("running", 1)]
+    slots.release.set()
+    assert (await first.dl.wait(blocker.job_id, timeout=30)).status == "succeeded"

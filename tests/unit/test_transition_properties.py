@@ -13,6 +13,7 @@ from dataloader.core.retry import MAX_DELAY_SEC, Fixed, Linear, RetryPolicy
 from dataloader.core.transitions import (
     FINAL_STATUSES,
     KEEP,
+    NEVER_STARTED,
     RETRYABLE_STATUSES,
     Ended,
     JobFacts,
@@ -119,7 +120,7 @@ def test_an_attempt_is_counted_refunded_as_a_hand_back_or_given_back(
     t = after_attempt(outcome, job, policy, fallback=Linear())
     if t.journal == "rerun":  # only a re-run starts a fresh budget
         return
-    if outcome.ended is Ended.BACKED_OFF:  # never started: given back, not counted
+    if outcome.ended in NEVER_STARTED:  # never started: given back, not counted
         assert (t.attempt, t.handbacks) == (job.attempt - 1, job.handbacks)
     else:  # the attempt counts, or its refund counts as a hand-back
         assert t.attempt in (job.attempt, job.attempt - 1)

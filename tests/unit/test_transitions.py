@@ -304,6 +304,30 @@ def test_a_backoff_behind_no_holder_is_claimable_at_once() -> None:
     assert decide(outcome, running()).retry_in_sec == 0
 
 
+def test_a_job_given_back_unstarted_is_a_backoff_saying_why() -> None:
+    outcome = Outcome(Ended.UNSTARTED, "claimed ahead, no slot was free within 1s")
+    t = decide(outcome, running(attempt=2, handbacks=1))
+    assert (t.status, t.journal, t.attempt, t.handbacks) == (JobStatus.QUEUED, "backoff", 1, 1)
+    assert t.retry_in_sec == 0
+    assert t.detail == {"reason": "claimed ahead, no slot was free within 1s"}
+    assert t.duration_ms is KEEP  # it never ran: nothing of an attempt is written
+
+
+def test_a_job_given_back_unstarted_again_and_again_keeps_its_attempt_and_budget() -> None:
+    """Not a hand-back: however often its worker gives it back before it starts, a job on its
+    last attempt is queued with that attempt, never lost."""
+    outcome = Outcome(Ended.UNSTARTED, "worker shutting down")
+    job = running(attempt=1, max_attempts=1, handbacks=MAX_REFUNDED_HANDBACKS)
+    t = decide(outcome, job)
+    assert (t.status, t.attempt, t.handbacks) == (JobStatus.QUEUED, 0, MAX_REFUNDED_HANDBACKS)
+    assert t.clear_start
+
+
+def test_a_job_given_back_unstarted_with_a_cancel_requested_is_canceled() -> None:
+    t = decide(Outcome(Ended.UNSTARTED, "worker shutting down"), running(attempt=1, cancel=True))
+    assert (t.status, t.attempt) == (JobStatus.CANCELED, 0)
+
+
 def test_a_backoff_behind_a_holder_outside_dataloader_waits_the_backoff_delay() -> None:
     outcome = Outcome(Ended.BACKED_OFF, holder="outside dataloader", backoff_sec=30.0)
     t = decide(outcome, running())

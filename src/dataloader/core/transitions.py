@@ -77,6 +77,14 @@ class Ended(Enum):
     HANDED_BACK = "handed_back"
     #: Claimed but never started: its lock_key was busy. Back to the queue, attempt refunded.
     BACKED_OFF = "backed_off"
+    #: Claimed but never started, given back by its worker (claimed ahead with no slot free in
+    #: time, or the worker stopping first): back to the queue as a backoff, attempt refunded,
+    #: no hand-back counted.
+    UNSTARTED = "unstarted"
+
+
+#: How an attempt that never started ends: its job goes back as a backoff.
+NEVER_STARTED: Final = frozenset({Ended.BACKED_OFF, Ended.UNSTARTED})
 
 
 @dataclass(slots=True)
@@ -167,7 +175,7 @@ def after_attempt(
     the delay before the next attempt of a failure (`fallback`, by default `Linear()`, when
     it misbehaves)."""
     ended = outcome.ended
-    ran = {} if ended is Ended.BACKED_OFF else _attempt_columns(outcome)
+    ran = {} if ended in NEVER_STARTED else _attempt_columns(outcome)
     if ended is Ended.SUCCEEDED:
         then = {"then": list(outcome.stages)} if outcome.stages else {}
         return _rerun_or(
@@ -182,7 +190,7 @@ def after_attempt(
                 **ran,
             ),
         )
-    if ended is Ended.BACKED_OFF:
+    if ended in NEVER_STARTED:
         return _backed_off(outcome, job)
     if ended is Ended.HANDED_BACK and not job.cancel_requested:
         return _handed_back(outcome, job)
@@ -328,10 +336,16 @@ def _rerun_or(job: JobFacts, transition: Transition) -> Transition:
 
 
 def _backed_off(outcome: Outcome, job: JobFacts) -> Transition:
-    """The lock_key was busy: the attempt is refunded (it never ran). It may be claimed again
-    at once unless the key is held outside dataloader (then after the backoff delay): claims
-    skip jobs whose key a running job holds, and that job's end wakes them."""
-    detail = {"holder": outcome.holder}
+    """The job never started (its lock_key was busy, or its worker gave it back unstarted):
+    the attempt is refunded, and journalled `backoff` with who held the key, or why it was
+    given back. It may be claimed again at once unless the key is held outside dataloader
+    (then after the backoff delay): claims skip jobs whose key a running job holds, and that
+    job's end wakes them."""
+    detail: dict[str, Any] = (
+        {"holder": outcome.holder}
+        if outcome.ended is Ended.BACKED_OFF
+        else {"reason": outcome.error}
+    )
     if job.cancel_requested:
         return Transition(
             JobStatus.CANCELED,

@@ -231,6 +231,10 @@ class WorkerProtocol:
         #: (until the process stops: see `stop_recovering`).
         self._recovering = True
 
+    def limited(self, queue: str) -> bool:
+        """Whether the last claim of `queue` found it has limits (`dl_queues`)."""
+        return queue in self._limited
+
     async def claim(self, queue: str, limit: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to `limit` ready jobs of `queue`, at most one per lock_key."""
         return (await self.claim_round(queue, limit, worker_id, walk=limit)).jobs

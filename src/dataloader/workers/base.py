@@ -94,7 +94,6 @@ class Slots:
                 locked.discard(job.lock_hash)  # a colliding hash later in the batch is busy
             running = RunningJob(job, locked=job.lock_hash is not None)
             self._rt.running[job.job_id] = running
-            _count_start(job)
             size = self._batch_size_of(job.task)
             unit = filling.get(job.task)
             if unit is None or len(unit) >= size:
@@ -109,10 +108,10 @@ class Slots:
             await self._backoff(job, self._rt.settings.claim_backoff_sec, "lock_key is busy")
         return units
 
-    async def _hand_back(self, unit: list[RunningJob], why: str) -> None:
-        """Return a unit that will not run to the queue, its attempts refunded."""
+    async def _give_back(self, unit: list[RunningJob], why: str) -> None:
+        """Return a unit that will not start to the queue, its attempts refunded."""
         for running in unit:
-            await self._completer.finish(running, Outcome(Ended.HANDED_BACK, why, refund=True))
+            await self._completer.finish(running, Outcome(Ended.UNSTARTED, why))
 
     def _batch_size_of(self, task: str) -> int:
         found = self._rt.registry.get(task)
@@ -148,9 +147,11 @@ class Slots:
             for unit in units:
                 found = self._rt.registry.get(unit[0].job.task)
                 if self._stopping_now() or any(r.handback for r in unit):
-                    await self._hand_back(unit, "worker shutting down")
+                    await self._give_back(unit, "worker shutting down")
                     continue
                 started = time.monotonic()
+                for running in unit:
+                    _count_start(running.job, started - claimed_at)
                 if found is not None and found.batched:
                     await self._execute_batch(unit, found)
                 else:
@@ -166,6 +167,10 @@ class Slots:
 
     def _unit_ran(self, seconds: float) -> None:
         """A unit ran for `seconds`, from its start until its outcomes were queued."""
+
+    def give_back_waiting(self) -> None:
+        """The worker stops: give back the units it claimed that wait for a slot (none here:
+        see `QueueWorker`)."""
 
     async def _execute(self, running: RunningJob) -> None:
         job = running.job
@@ -275,7 +280,6 @@ class QueueWorker(Slots):
             return
         if locked:
             self._rt.running[job.job_id] = RunningJob(job, locked=True)
-            _count_start(job)
             if self._rt.wakes_heartbeat([job]):
                 self._rt.job_started.set()
             await self._run_slot([[self._rt.running[job.job_id]]], claimed_at)
@@ -301,16 +305,25 @@ class QueueWorker(Slots):
         try:
             await self._claim_until(stopping)
         finally:
-            self._hand_back_ahead(stale_only=False)
+            self.give_back_waiting()
+
+    def give_back_waiting(self) -> None:
+        """The worker stops: the units claimed ahead that have not started go back to the
+        queue (their outcomes queued, without waiting)."""
+        self._give_back_ahead(stale_only=False)
 
     async def _claim_until(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            self._hand_back_ahead(stale_only=True)
             free = self.concurrency - len(self._jobs) - self._kept
             if free > 0 and self._ahead:
                 self._start_ahead(free)
                 continue
-            ahead = self.pace.ahead(self.concurrency, len(self._ahead))
+            self._give_back_ahead(stale_only=True)
+            ahead = self.pace.ahead(
+                self.concurrency,
+                len(self._ahead),
+                limited=self._rt.protocol.limited(self.queue),
+            )
             if free + ahead <= 0:
                 self._slot_freed.clear()
                 await wait_any(self._slot_freed, stopping, timeout=self._ahead_patience())
@@ -346,10 +359,15 @@ class QueueWorker(Slots):
             except Exception as exc:  # the loop must outlive any database trouble
                 self._claiming = 0
                 timeout = self.claims.failure_pause(exc)
-            patience = self._ahead_patience()
-            if patience is not None:
-                timeout = min(timeout, patience)
-            await wait_any(self._wakeup, stopping, timeout=timeout)
+            if not self._ahead:
+                await wait_any(self._wakeup, stopping, timeout=timeout)
+                continue
+            # units claimed ahead wait: a slot freeing wakes the loop too
+            if self.concurrency - len(self._jobs) - self._kept > 0:
+                continue
+            self._slot_freed.clear()
+            patience = self._ahead_patience() or 0.0
+            await wait_any(self._wakeup, self._slot_freed, stopping, timeout=min(timeout, patience))
 
     async def _start(self, jobs: list[ClaimedJob], claimed_at: float) -> None:
         """Lock the jobs and run them, a unit per free slot (`_units`); the units beyond the
@@ -398,10 +416,10 @@ class QueueWorker(Slots):
             return None
         return max(0.0, self._ahead[0].since + AHEAD_MAX_WAIT_SEC - time.monotonic())
 
-    def _hand_back_ahead(self, *, stale_only: bool) -> None:
-        """Hand back to the queue, attempt refunded, the units claimed ahead that waited
+    def _give_back_ahead(self, *, stale_only: bool) -> None:
+        """Give back to the queue, attempt refunded, the units claimed ahead that waited
         AHEAD_MAX_WAIT_SEC for a slot (`stale_only`: the slots' jobs turned out long, which
-        the pace learns; another worker may be free), or all of them (the claim loop ends).
+        the pace learns; another worker may be free), or all of them (the worker stops).
         Their outcomes are queued without waiting: this runs when the loop is cancelled too."""
         now = time.monotonic()
         if stale_only:
@@ -409,11 +427,12 @@ class QueueWorker(Slots):
                 return
             self.pace.stalled(now - self._ahead[0].since)
             why = f"claimed ahead, no slot was free within {AHEAD_MAX_WAIT_SEC:g}s"
+            log.info("jobs claimed ahead on %s go back to the queue: %s", self.queue, why)
         else:
             why = "worker shutting down"
         while self._ahead and (not stale_only or now - self._ahead[0].since >= AHEAD_MAX_WAIT_SEC):
             for running in self._ahead.popleft().unit:
-                self._completer.enqueue(running, Outcome(Ended.HANDED_BACK, why, refund=True))
+                self._completer.enqueue(running, Outcome(Ended.UNSTARTED, why))
 
     def _outcomes_pending(self) -> bool:
         """Whether a job of this queue has ended but its outcome is not written yet: a
@@ -435,8 +454,9 @@ def declared_batch_size(runtime: WorkerRuntime, queue: str) -> int:
     return max((t.batch_size for t in runtime.registry.tasks() if t.queue == queue), default=1)
 
 
-def _count_start(job: ClaimedJob) -> None:
-    """A job's attempt starts in this process (metrics)."""
+def _count_start(job: ClaimedJob, since_claim: float) -> None:
+    """A job's attempt starts in this process, `since_claim` seconds after its claim started
+    (metrics: it waited until its claim, then that long)."""
     metrics.of(metrics.JOBS_STARTED, job.queue, job.task).inc()
     if job.waited_sec is not None:
-        metrics.of(metrics.JOB_WAIT, job.queue).observe(max(0.0, job.waited_sec))
+        metrics.of(metrics.JOB_WAIT, job.queue).observe(max(0.0, job.waited_sec) + since_claim)

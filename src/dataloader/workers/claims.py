@@ -88,12 +88,14 @@ class ClaimPace:
         long, until short runs say otherwise again."""
         self.run_sec = max(self.run_sec or 0.0, seconds)
 
-    def ahead(self, slots: int, waiting: int) -> int:
+    def ahead(self, slots: int, waiting: int, *, limited: bool = False) -> int:
         """How many units to claim ahead now, for `slots` slots with `waiting` units claimed
-        ahead already: none while some wait; else what the slots run in a claim's time, at
-        most the slots or AHEAD_MIN_UNITS, whichever is more."""
+        ahead already: none while some wait, nor for a queue with limits (`limited`: a job
+        claimed counts against them, and would hold back another worker's free slot); else
+        what the slots run in a claim's time, at most the slots or AHEAD_MIN_UNITS, whichever
+        is more."""
         run, claim = self.run_sec, self.claim_sec
-        if not self.enabled or waiting or run is None or claim is None or run > claim:
+        if not self.enabled or limited or waiting or run is None or claim is None or run > claim:
             return 0
         most = max(slots, AHEAD_MIN_UNITS)
         return most if run == 0 else min(most, int(slots * claim / run))

@@ -440,6 +440,8 @@ def _report(outcome: Outcome, written: Transition | None) -> tuple[Any, ...]:
         return logging.WARNING, "job handed back (%s): %s", written.journal, outcome.error
     if outcome.ended is Ended.CANCELED:
         return logging.DEBUG, "job canceled"
+    if outcome.ended is Ended.UNSTARTED:
+        return logging.DEBUG, "job given back before it started: %s", outcome.error
     return logging.DEBUG, "job backed off (%s holds the key)", outcome.holder
 
 

@@ -178,6 +178,8 @@ class WorkerManager:
         self.runtime.protocol.stop_recovering()
         # Let claims in flight settle first, so that every job they took is seen below.
         await asyncio.wait(self._claiming_tasks, timeout=10)
+        for worker in self.workers:  # even if a claim loop outlived that wait
+            worker.give_back_waiting()
         await self.presence.deregister()  # no longer serving: triggers and /status see it now
         jobs = {task for worker in self.workers for task in worker.job_tasks}
         if jobs and not self._hurry.is_set():
