@@ -75,10 +75,16 @@ async def given_back(conn: asyncpg.Connection, jobs: list[Any]) -> list[tuple[st
     return found
 
 
-def primed(worker: QueueWorker) -> None:
-    """The worker has seen units much shorter than its claims (their real measures follow)."""
+async def primed(worker: QueueWorker) -> None:
+    """The worker has seen units much shorter than its claims (their real measures follow),
+    and no claim decided before that is still in flight."""
     worker.pace.ran(0.0)
     worker.pace.claimed(0.05)
+
+    async def settled() -> bool:
+        return worker.claims_started == worker.claims_answered
+
+    await wait_until(settled, what="the claim in flight answered")
 
 
 async def statuses(conn: asyncpg.Connection, jobs: list[Any]) -> list[tuple[str, int]]:
@@ -124,7 +130,7 @@ async def start_behind_a_blocker(service: Any, slots: Slots) -> tuple[Any, list[
     """Enqueue a blocker and three quick jobs in one call, on a worker of one slot whose pace
     says claim ahead: the blocker takes the slot and the quick ones are claimed ahead."""
     worker = service.manager.queues[QUEUE]
-    primed(worker)
+    await primed(worker)
     blocker, *quick = await service.dl.enqueue_many(
         [NewJob(queue=QUEUE, task="t.blocker"), *quick_jobs(range(3))]
     )
@@ -226,12 +232,11 @@ async def test_jobs_claimed_ahead_take_a_slot_freed_without_a_wake_up(
     service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
     worker = service.manager.queues[QUEUE]
 
-    async def claimed_once() -> bool:
-        return worker.claims_answered > 0
+    async def kept() -> bool:  # once no claim in flight holds the free slot
+        return worker.keep_slot()
 
-    await wait_until(claimed_once, what="the worker's first claim")
-    primed(worker)
-    assert worker.keep_slot()
+    await wait_until(kept, what="the only slot kept")
+    await primed(worker)
     quick = await service.dl.enqueue_many(quick_jobs(range(3)))
 
     async def all_ahead() -> bool:
@@ -257,7 +262,7 @@ async def test_a_queue_with_limits_is_not_claimed_ahead(
     worker = first.manager.queues[QUEUE]
     (blocker,) = await first.dl.enqueue_many([NewJob(queue=QUEUE, task="t.blocker")])
     await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
-    primed(worker)  # its claims learnt that the queue has limits
+    await primed(worker)  # its claims learnt that the queue has limits
     quick = await first.dl.enqueue_many(quick_jobs(range(3)))
     second = await start_service(workers=[{"queue": QUEUE, "concurrency": 2}])
     for job in quick:
@@ -268,3 +273,127 @@ async def test_a_queue_with_limits_is_not_claimed_ahead(
     assert await statuses(conn, [blocker]) == [("running", 1)]
     slots.release.set()
     assert (await first.dl.wait(blocker.job_id, timeout=30)).status == "succeeded"
+
+
+async def test_jobs_claimed_ahead_go_back_at_once_when_limits_were_set_meanwhile(
+    start_service: StartService,
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Limits set since the worker's last claim: its next claim, made to claim ahead, finds
+    them (it claims within them); the jobs it took beyond the free slots go back at once."""
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+    protocol = service.manager.runtime.protocol
+    learnt = protocol.limited
+    stale = True  # what the worker knew before its next claim: no limits
+
+    def limited(queue: str) -> bool:
+        return False if stale else learnt(queue)
+
+    claim = worker.claims.claim
+
+    async def next_claim(*args: Any, **kwargs: Any) -> Any:
+        nonlocal stale
+        found = await claim(*args, **kwargs)
+        stale = stale and not found.jobs
+        return found
+
+    monkeypatch.setattr(protocol, "limited", limited)
+    monkeypatch.setattr(worker.claims, "claim", next_claim)
+    await primed(worker)  # before: a claim the limits' change wakes may take the jobs too
+    await service.dl.set_limits(QUEUE, max_running=3)
+    blocker, *quick = await service.dl.enqueue_many(
+        [NewJob(queue=QUEUE, task="t.blocker"), *quick_jobs(range(2))]
+    )
+    await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
+
+    async def given_back_both() -> bool:
+        return await statuses(conn, quick) == [("queued", 0)] * 2
+
+    await wait_until(given_back_both, what="the jobs claimed beyond the slot back in the queue")
+    why = "the queue has limits: not claimed ahead"
+    assert await given_back(conn, quick) == [("queued", 0, 0, why)] * 2
+    assert worker.claimed_ahead == 0
+    slots.release.set()
+    for job in [blocker, *quick]:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+
+
+async def test_a_job_claimed_ahead_that_lost_its_lock_goes_back_unstarted(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    """Its lock went with the lock connection while it waited: it never starts, and goes back
+    without counting as a hand-back (which would use up its attempt in the end)."""
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+    await primed(worker)
+    blocker, *keyed = await service.dl.enqueue_many(
+        [
+            NewJob(queue=QUEUE, task="t.blocker"),
+            *(
+                NewJob(queue=QUEUE, task="t.quick", lock_key=f"k{i}", args={"i": i})
+                for i in range(2)
+            ),
+        ]
+    )
+    await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
+    assert worker.claimed_ahead == 2
+    service.manager.runtime.lose_all("the lock connection was lost")  # the blocker has no key
+    slots.release.set()
+    for job in [blocker, *keyed]:  # given back, then claimed again and run
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    for job in keyed:
+        kinds = await conn.fetch(
+            "SELECT kind, payload->>'reason' AS reason FROM dl_job_events WHERE job_id = $1"
+            " AND kind <> 'queued' ORDER BY event_id",
+            job.job_id,
+        )
+        assert [tuple(r) for r in kinds] == [
+            ("picked", None),
+            ("backoff", "the lock connection was lost"),
+            ("picked", None),
+            ("done", None),
+        ]
+        assert await conn.fetchval(
+            "SELECT (attempt, handbacks) = (1, 0) FROM dl_jobs WHERE job_id = $1", job.job_id
+        )
+
+
+async def test_a_claim_answered_after_the_stop_began_gives_its_jobs_back(
+    start_service: StartService,
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    worker = service.manager.queues[QUEUE]
+    answered = asyncio.Event()
+    held = asyncio.Event()
+    claim = worker.claims.claim
+
+    async def held_claim(*args: Any, **kwargs: Any) -> Any:
+        found = await claim(*args, **kwargs)
+        if found.jobs:
+            held.set()
+            await answered.wait()  # the answer arrives only once the stop has begun
+        return found
+
+    monkeypatch.setattr(worker.claims, "claim", held_claim)
+    await primed(worker)  # one claim takes all three: one for the slot, two ahead
+    quick = await service.dl.enqueue_many(quick_jobs(range(3)))
+    await asyncio.wait_for(held.wait(), timeout=15)
+    stopping = asyncio.create_task(service.manager.stop(timeout=30))
+
+    async def stop_began() -> bool:
+        return not worker.keep_slot()  # a stopping worker keeps no slot
+
+    await wait_until(stop_began, what="the stop to begin")
+    answered.set()
+    await stopping
+    assert slots.ran == []
+    assert await given_back(conn, quick) == [("queued", 0, 0, "worker shutting down")] * 3

@@ -137,8 +137,9 @@ class Slots:
 
     async def _execute_units(self, units: list[list[RunningJob]], claimed_at: float) -> None:
         """Run one slot's units one after another: a cycle of the slot, measured from the
-        claim that took them (`claimed_at`, monotonic). Once `stopping` says so, the units not
-        started yet go back to the queue."""
+        claim that took them (`claimed_at`, monotonic). A unit that is not to start (the worker
+        stops, or one of its jobs is no longer ours or lost its lock) goes back to the queue
+        unstarted."""
         queue = units[0][0].job.queue
         in_progress = metrics.of(metrics.TASKS_IN_PROGRESS, queue)
         count = sum(map(len, units))
@@ -146,8 +147,9 @@ class Slots:
         try:
             for unit in units:
                 found = self._rt.registry.get(unit[0].job.task)
-                if self._stopping_now() or any(r.handback for r in unit):
-                    await self._give_back(unit, "worker shutting down")
+                why = self._not_to_start(unit)
+                if why is not None:
+                    await self._give_back(unit, why)
                     continue
                 started = time.monotonic()
                 for running in unit:
@@ -165,6 +167,17 @@ class Slots:
         """Whether the worker stops: a unit not started yet is not started."""
         return False
 
+    def _not_to_start(self, unit: list[RunningJob]) -> str | None:
+        """Why a unit about to start goes back to the queue instead (None: it starts)."""
+        if self._stopping_now() or any(r.handback for r in unit):
+            return "worker shutting down"
+        for running in unit:
+            if not self._rt.locks.covers(running.job.lock_hash):  # the lock connection died
+                running.lose("the lock connection was lost before the job started")
+            if running.state.lost_reason is not None:
+                return running.state.lost_reason
+        return None
+
     def _unit_ran(self, seconds: float) -> None:
         """A unit ran for `seconds`, from its start until its outcomes were queued."""
 
@@ -174,8 +187,6 @@ class Slots:
 
     async def _execute(self, running: RunningJob) -> None:
         job = running.job
-        if not self._rt.locks.covers(job.lock_hash):  # the lock connection died meanwhile
-            running.lose("the lock connection was lost before the job started")
         with log_context(job_id=str(job.job_id), queue=job.queue, task=job.task):
             log.debug("job started (attempt %d of %d)", job.attempt, job.max_attempts)
             try:
@@ -191,9 +202,6 @@ class Slots:
         """Run a batched task's jobs in one call of its handler; each settlement is queued for
         writing as the handler makes it, the jobs left open once it ends after that."""
         runs = {running.job.job_id: running for running in unit}
-        for running in unit:
-            if not self._rt.locks.covers(running.job.lock_hash):
-                running.lose("the lock connection was lost before the job started")
         queue = unit[0].job.queue
         with log_context(queue=queue, task=task.name):
             try:
@@ -373,9 +381,17 @@ class QueueWorker(Slots):
         """Lock the jobs and run them, a unit per free slot (`_units`); the units beyond the
         free slots (claimed ahead) wait for slots, in claim order."""
         units = await self._units(jobs)
+        if self._stopping is not None and self._stopping.is_set():  # a claim that outlived it
+            for unit in units:
+                await self._give_back(unit, "worker shutting down")
+            return
         free = max(0, self.concurrency - len(self._jobs) - self._kept)
         for unit in units[:free]:
             self._open_slot(unit, claimed_at)
+        if self._rt.protocol.limited(self.queue):  # limits set since the claim before
+            for unit in units[free:]:
+                await self._give_back(unit, "the queue has limits: not claimed ahead")
+            return
         now = time.monotonic()
         for unit in units[free:]:
             self._ahead.append(_Waiting(unit, claimed_at, now))

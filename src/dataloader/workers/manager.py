@@ -177,8 +177,11 @@ class WorkerManager:
         self._stop_claiming.set()
         self.runtime.protocol.stop_recovering()
         # Let claims in flight settle first, so that every job they took is seen below.
-        await asyncio.wait(self._claiming_tasks, timeout=10)
-        for worker in self.workers:  # even if a claim loop outlived that wait
+        _, late = await asyncio.wait(self._claiming_tasks, timeout=10)
+        for task in late:  # a claim still unanswered: its jobs are the reaper's, as at a crash
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        for worker in self.workers:
             worker.give_back_waiting()
         await self.presence.deregister()  # no longer serving: triggers and /status see it now
         jobs = {task for worker in self.workers for task in worker.job_tasks}
