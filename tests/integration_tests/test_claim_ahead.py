@@ -95,6 +95,22 @@ async def statuses(conn: asyncpg.Connection, jobs: list[Any]) -> list[tuple[str,
     return [(r["status"], r["attempt"]) for r in rows]
 
 
+async def back_in_queue(conn: asyncpg.Connection, jobs: list[Any], what: str) -> None:
+    """Wait until `jobs` are all queued again, their attempts refunded."""
+
+    async def back() -> bool:
+        return await statuses(conn, jobs) == [("queued", 0)] * len(jobs)
+
+    await wait_until(back, what=what)
+
+
+async def released(slots: Slots, service: Any, jobs: list[Any]) -> None:
+    """Let the blocker end, and wait for `jobs` to succeed."""
+    slots.release.set()
+    for job in jobs:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+
+
 async def test_short_jobs_are_claimed_ahead_and_run_no_more_at_once_than_the_slots(
     start_service: StartService, registry: TaskRegistry
 ) -> None:
@@ -148,9 +164,7 @@ async def test_jobs_claimed_ahead_start_as_the_slot_frees(
     assert worker.claimed_ahead == 3
     assert await statuses(conn, quick) == [("running", 1)] * 3
     assert slots.ran == []  # claimed, not started: the slot is the blocker's
-    slots.release.set()
-    for job in [blocker, *quick]:
-        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    await released(slots, service, [blocker, *quick])
     assert slots.ran == [0, 1, 2]  # in claim order
     assert slots.most_at_once == 1
 
@@ -164,10 +178,7 @@ async def test_jobs_claimed_ahead_go_back_to_the_queue_when_the_worker_stops(
     blocker, quick = await start_behind_a_blocker(service, slots)
     stopping = asyncio.create_task(service.manager.stop(timeout=30))
 
-    async def handed_back() -> bool:
-        return await statuses(conn, quick) == [("queued", 0)] * 3
-
-    await wait_until(handed_back, what="the jobs claimed ahead back in the queue")
+    await back_in_queue(conn, quick, "the jobs claimed ahead back in the queue")
     slots.release.set()  # the job in the slot runs to its end
     await stopping
     assert await statuses(conn, [blocker]) == [("succeeded", 1)]
@@ -192,17 +203,12 @@ async def test_jobs_claimed_ahead_go_back_when_no_slot_frees_in_time(
     worker = service.manager.queues[QUEUE]
     blocker, quick = await start_behind_a_blocker(service, slots)
 
-    async def handed_back() -> bool:
-        return await statuses(conn, quick) == [("queued", 0)] * 3
-
-    await wait_until(handed_back, what="the jobs claimed ahead back in the queue")
+    await back_in_queue(conn, quick, "the jobs claimed ahead back in the queue")
     why = "claimed ahead, no slot was free within 0.3s"
     assert await given_back(conn, quick) == [("queued", 0, 0, why)] * 3
     assert worker.pace.ahead(1, 0) == 0  # the wait taught it: the slot's jobs are long
     assert await statuses(conn, [blocker]) == [("running", 1)]
-    slots.release.set()
-    for job in [blocker, *quick]:
-        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    await released(slots, service, [blocker, *quick])
     assert worker.claimed_ahead == 3
 
 
@@ -216,9 +222,7 @@ async def test_claiming_ahead_switched_off_claims_only_for_free_slots(
     # the claim that took the blocker has ended: it took nothing else
     assert await statuses(conn, quick) == [("queued", 0)] * 3
     assert worker.claimed_ahead == 0
-    slots.release.set()
-    for job in [blocker, *quick]:
-        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    await released(slots, service, [blocker, *quick])
     assert worker.claimed_ahead == 0
 
 
@@ -310,16 +314,11 @@ async def test_jobs_claimed_ahead_go_back_at_once_when_limits_were_set_meanwhile
     )
     await asyncio.wait_for(slots.blocker_started.wait(), timeout=15)
 
-    async def given_back_both() -> bool:
-        return await statuses(conn, quick) == [("queued", 0)] * 2
-
-    await wait_until(given_back_both, what="the jobs claimed beyond the slot back in the queue")
+    await back_in_queue(conn, quick, "the jobs claimed beyond the slot back in the queue")
     why = "the queue has limits: not claimed ahead"
     assert await given_back(conn, quick) == [("queued", 0, 0, why)] * 2
     assert worker.claimed_ahead == 0
-    slots.release.set()
-    for job in [blocker, *quick]:
-        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    await released(slots, service, [blocker, *quick])
 
 
 async def test_a_job_claimed_ahead_that_lost_its_lock_goes_back_unstarted(

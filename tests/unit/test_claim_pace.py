@@ -44,6 +44,10 @@ def test_nothing_more_is_claimed_ahead_while_units_claimed_ahead_wait() -> None:
     assert paced(0.0001, 0.001).ahead(10, 1) == 0
 
 
+def test_a_queue_with_limits_is_not_claimed_ahead() -> None:
+    assert paced(0.0001, 0.001).ahead(10, 0, limited=True) == 0
+
+
 def test_claiming_ahead_switched_off_claims_nothing_ahead() -> None:
     assert paced(0.0001, 0.001, enabled=False).ahead(10, 0) == 0
 

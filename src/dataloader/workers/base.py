@@ -307,7 +307,7 @@ class QueueWorker(Slots):
         return self.claims.answered
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Claim and start jobs until `stopping` is set; then hand back the jobs claimed
+        """Claim and start jobs until `stopping` is set; then give back the jobs claimed
         ahead that have not started (whatever ended the loop)."""
         self._stopping = stopping
         try:
