@@ -396,3 +396,24 @@ async def test_a_claim_answered_after_the_stop_began_gives_its_jobs_back(
     await stopping
     assert slots.ran == []
     assert await given_back(conn, quick) == [("queued", 0, 0, "worker shutting down")] * 3
+
+
+async def test_a_job_canceled_while_it_waits_for_a_slot_never_starts(
+    start_service: StartService, registry: TaskRegistry, conn: asyncpg.Connection
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    blocker, quick = await start_behind_a_blocker(service, slots)
+    await service.dl.cancel(quick[0].job_id)
+    running = service.manager.runtime.running
+
+    async def seen() -> bool:  # the worker heard of the request
+        return running[quick[0].job_id].state.cancel_requested
+
+    await wait_until(seen, what="the cancel request to reach the worker")
+    slots.release.set()
+    assert (await service.dl.wait(quick[0].job_id, timeout=30)).status == "canceled"
+    for job in [blocker, *quick[1:]]:
+        assert (await service.dl.wait(job.job_id, timeout=30)).status == "succeeded"
+    assert slots.ran == [1, 2]
+    assert await statuses(conn, quick[:1]) == [("canceled", 0)]

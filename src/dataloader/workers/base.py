@@ -168,9 +168,13 @@ class Slots:
         return False
 
     def _not_to_start(self, unit: list[RunningJob]) -> str | None:
-        """Why a unit about to start goes back to the queue instead (None: it starts)."""
+        """Why a unit about to start goes back to the queue instead (None: it starts). A job
+        whose cancel was requested before it started ends canceled without starting (the
+        jobs of a batch are each the handler's to settle)."""
         if self._stopping_now() or any(r.handback for r in unit):
             return "worker shutting down"
+        if len(unit) == 1 and unit[0].state.cancel_requested:
+            return "canceled before it started"
         for running in unit:
             if not self._rt.locks.covers(running.job.lock_hash):  # the lock connection died
                 running.lose("the lock connection was lost before the job started")
