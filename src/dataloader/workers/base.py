@@ -385,16 +385,17 @@ class QueueWorker(Slots):
         """Lock the jobs and run them, a unit per free slot (`_units`); the units beyond the
         free slots (claimed ahead) wait for slots, in claim order."""
         units = await self._units(jobs)
-        if self._stopping is not None and self._stopping.is_set():  # a claim that outlived it
-            for unit in units:
-                await self._give_back(unit, "worker shutting down")
-            return
         free = max(0, self.concurrency - len(self._jobs) - self._kept)
-        for unit in units[:free]:
+        for unit in units[:free]:  # a stop that began meanwhile lets them run, as it lets any
             self._open_slot(unit, claimed_at)
-        if self._rt.protocol.limited(self.queue):  # limits set since the claim before
+        why = None
+        if self._stopping is not None and self._stopping.is_set():
+            why = "worker shutting down"
+        elif self._rt.protocol.limited(self.queue):  # limits set since the claim before
+            why = "the queue has limits: not claimed ahead"
+        if why is not None:
             for unit in units[free:]:
-                await self._give_back(unit, "the queue has limits: not claimed ahead")
+                await self._give_back(unit, why)
             return
         now = time.monotonic()
         for unit in units[free:]:
