@@ -362,14 +362,12 @@ async def test_a_job_claimed_ahead_that_lost_its_lock_goes_back_unstarted(
         )
 
 
-async def test_a_claim_answered_after_the_stop_began_runs_its_slots_jobs_and_gives_back_others(
-    start_service: StartService,
-    registry: TaskRegistry,
-    conn: asyncpg.Connection,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    slots = Slots(registry)
-    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+async def claim_answered_in_a_stop(
+    service: Any, monkeypatch: pytest.MonkeyPatch, *, hurried: bool
+) -> list[Any]:
+    """Three quick jobs taken by one claim (one for the only slot, two ahead) whose answer
+    arrives once the stop has begun (and, `hurried`, a second stop signal came); returns
+    them once the stop is over."""
     worker = service.manager.queues[QUEUE]
     answered = asyncio.Event()
     held = asyncio.Event()
@@ -379,11 +377,11 @@ async def test_a_claim_answered_after_the_stop_began_runs_its_slots_jobs_and_giv
         found = await claim(*args, **kwargs)
         if found.jobs:
             held.set()
-            await answered.wait()  # the answer arrives only once the stop has begun
+            await answered.wait()
         return found
 
     monkeypatch.setattr(worker.claims, "claim", held_claim)
-    await primed(worker)  # one claim takes all three: one for the slot, two ahead
+    await primed(worker)
     quick = await service.dl.enqueue_many(quick_jobs(range(3)))
     await asyncio.wait_for(held.wait(), timeout=15)
     stopping = asyncio.create_task(service.manager.stop(timeout=30))
@@ -392,12 +390,46 @@ async def test_a_claim_answered_after_the_stop_began_runs_its_slots_jobs_and_giv
         return not worker.keep_slot()  # a stopping worker keeps no slot
 
     await wait_until(stop_began, what="the stop to begin")
+    if hurried:
+        service.manager.hurry()
+
+        async def heard() -> bool:
+            return worker.hurried
+
+        await wait_until(heard, what="the second signal to reach the worker")
     answered.set()
     await stopping
+    return quick
+
+
+async def test_a_claim_answered_after_the_stop_began_runs_its_slots_jobs_and_gives_back_others(
+    start_service: StartService,
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    quick = await claim_answered_in_a_stop(service, monkeypatch, hurried=False)
     # the job for the free slot runs, as any job claimed before a stop; none waits after it
     assert slots.ran == [0]
     assert await statuses(conn, quick[:1]) == [("succeeded", 1)]
     assert await given_back(conn, quick[1:]) == [("queued", 0, 0, "worker shutting down")] * 2
+
+
+async def test_a_claim_answered_after_a_hurried_stop_began_starts_nothing(
+    start_service: StartService,
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second stop signal: not even the job for the free slot starts (it would be cut short
+    at once, and count as a hand-back)."""
+    slots = Slots(registry)
+    service = await start_service(workers=[{"queue": QUEUE, "concurrency": 1}])
+    quick = await claim_answered_in_a_stop(service, monkeypatch, hurried=True)
+    assert slots.ran == []
+    assert await given_back(conn, quick) == [("queued", 0, 0, "worker shutting down")] * 3
 
 
 async def test_a_job_canceled_while_it_waits_for_a_slot_never_starts(

@@ -61,6 +61,8 @@ class Slots:
         self.idle = asyncio.Event()
         #: When (monotonic) the claim that last set `idle` started.
         self.idle_claim_started = 0.0
+        #: A second stop signal came: nothing more starts (see `hurry`).
+        self.hurried = False
 
     @property
     def busy(self) -> int:
@@ -164,8 +166,13 @@ class Slots:
             metrics.of(metrics.CYCLE_DURATION, queue).observe(time.monotonic() - claimed_at)
 
     def _stopping_now(self) -> bool:
-        """Whether the worker stops: a unit not started yet is not started."""
-        return False
+        """Whether the worker stops: a unit not started yet is not started. Jobs claimed
+        before a stop start and have its grace period, unless the stop is hurried."""
+        return self.hurried
+
+    def hurry(self) -> None:
+        """A second stop signal: a unit not started yet goes back unstarted."""
+        self.hurried = True
 
     def _not_to_start(self, unit: list[RunningJob]) -> str | None:
         """Why a unit about to start goes back to the queue instead (None: it starts). A job
@@ -173,7 +180,7 @@ class Slots:
         jobs of a batch are each the handler's to settle)."""
         if self._stopping_now() or any(r.handback for r in unit):
             return "worker shutting down"
-        if len(unit) == 1 and unit[0].state.cancel_requested:
+        if len(unit) == 1 and unit[0].state.cancel_requested and not self._is_step(unit[0]):
             return "canceled before it started"
         for running in unit:
             if not self._rt.locks.covers(running.job.lock_hash):  # the lock connection died
@@ -181,6 +188,11 @@ class Slots:
             if running.state.lost_reason is not None:
                 return running.state.lost_reason
         return None
+
+    def _is_step(self, running: RunningJob) -> bool:
+        """Whether the job is a durable process's step (its processor settles cancels)."""
+        found = self._rt.registry.get(running.job.task)
+        return found is not None and found.process is not None
 
     def _unit_ran(self, seconds: float) -> None:
         """A unit ran for `seconds`, from its start until its outcomes were queued."""

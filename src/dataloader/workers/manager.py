@@ -167,6 +167,8 @@ class WorkerManager:
 
     def _hurried(self) -> None:
         self._hurry.set()
+        for worker in self.workers:
+            worker.hurry()
         if self._stop_claiming.is_set():  # stopping: failing outcome writes are given up too
             self.completer.close(hurry=True)
 
