@@ -112,8 +112,13 @@ class Slots:
 
     async def _give_back(self, unit: list[RunningJob], why: str) -> None:
         """Return a unit that will not start to the queue, its attempts refunded."""
+        self._give_back_now(unit, why)
+        await self._completer.backpressure()
+
+    def _give_back_now(self, unit: list[RunningJob], why: str) -> None:
+        """`_give_back`, its outcomes queued without waiting for a flush."""
         for running in unit:
-            await self._completer.finish(running, Outcome(Ended.UNSTARTED, why))
+            self._completer.enqueue(running, Outcome(Ended.UNSTARTED, why))
 
     def _batch_size_of(self, task: str) -> int:
         found = self._rt.registry.get(task)
@@ -464,8 +469,7 @@ class QueueWorker(Slots):
         else:
             why = "worker shutting down"
         while self._ahead and (not stale_only or now - self._ahead[0].since >= AHEAD_MAX_WAIT_SEC):
-            for running in self._ahead.popleft().unit:
-                self._completer.enqueue(running, Outcome(Ended.UNSTARTED, why))
+            self._give_back_now(self._ahead.popleft().unit, why)
 
     def _outcomes_pending(self) -> bool:
         """Whether a job of this queue has ended but its outcome is not written yet: a
