@@ -27,9 +27,11 @@ WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database
 """
 
 
-def gathering(registry: TaskRegistry, task: str, expected: int) -> asyncio.Event:
-    """Register `task`: each run waits until `expected` runs have started at once; the
-    returned event is set when they have."""
+def gathering(
+    registry: TaskRegistry, task: str, expected: int, hold: asyncio.Event | None = None
+) -> asyncio.Event:
+    """Register `task`: each run waits until `expected` runs have started at once (and then,
+    if `hold` is given, until it is set); the returned event is set when they have."""
     started = 0
     all_in = asyncio.Event()
 
@@ -40,6 +42,8 @@ def gathering(registry: TaskRegistry, task: str, expected: int) -> asyncio.Event
         if started >= expected:
             all_in.set()
         await all_in.wait()
+        if hold is not None:
+            await hold.wait()
 
     return all_in
 
@@ -123,7 +127,8 @@ async def test_a_lock_free_job_runs_beside_a_job_holding_a_key(
 ) -> None:
     """A job with a lock_key runs; a lock_free job, and a keyed job of another key, run
     beside it, while a job of its own key waits."""
-    all_in = gathering(registry, "t.gather", 3)
+    hold = asyncio.Event()
+    all_in = gathering(registry, "t.gather", 3, hold)
     service = await start_service(workers=[{"queue": "default", "concurrency": 4}])
     holder = await service.dl.enqueue("t.gather", lock_key="entity-1")
     await wait_until(pipeline_running(service.manager, str(holder.job_id)), what="the holder")
@@ -132,6 +137,7 @@ async def test_a_lock_free_job_runs_beside_a_job_holding_a_key(
     other_key = await service.dl.enqueue("t.gather", lock_key="entity-2")
     await asyncio.wait_for(all_in.wait(), timeout=20)
     assert (await service.dl.get(same_key.job_id)).status is JobStatus.QUEUED
+    hold.set()
     for job in (holder, free, other_key, same_key):
         assert (await service.dl.wait(job.job_id, timeout=20)).status is JobStatus.SUCCEEDED
 
