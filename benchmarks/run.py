@@ -101,13 +101,18 @@ class Bench:
     def n(self, full: int) -> int:
         return max(1, full // 10) if self.quick else full
 
-    async def fresh_database(self) -> None:
+    async def empty_database(self) -> None:
+        """The benchmark's database, created anew and empty."""
         conn = await asyncpg.connect(self.admin_dsn)
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{DBNAME}" WITH (FORCE)')
             await conn.execute(f'CREATE DATABASE "{DBNAME}"')
         finally:
             await conn.close()
+
+    async def fresh_database(self) -> None:
+        """The benchmark's database, created anew with dataloader's schema."""
+        await self.empty_database()
         async with Runner(self.settings(auto_migrate=True), run_workers=False):
             pass
 

@@ -27,7 +27,7 @@ import argparse
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,21 +82,36 @@ async def profile(
 ) -> Profile:
     """The statements of enqueueing and draining `n` jobs (`make(i)`) with `slots` slots."""
     await bench.fresh_database()
-    conn = await asyncpg.connect(bench.dsn)
+
+    async def work() -> None:
+        await bench.bulk_insert(n, make)
+        await bench.drain(n, slots)
+
+    return await _profiled(bench.dsn, run.DBNAME, n, work)
+
+
+async def _profiled(
+    dsn: str, database: str, n: int, work: Callable[[], Awaitable[None]], sizes: bool = True
+) -> Profile:
+    """What `work` on `n` jobs cost `database`: the statistics reset on `dsn`'s database, its
+    statements after, the server's CPU and the rate over it, and (`sizes`) dataloader's
+    relations by size once vacuumed (the statements were run on `dsn`'s database)."""
+    conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.execute("SELECT pg_stat_statements_reset()")
         started, server_before = time.perf_counter(), run._server_cpu_seconds()
-        await bench.bulk_insert(n, make)
-        await bench.drain(n, slots)
+        await work()
         server = run._server_cpu_seconds() - server_before
         rate = n / (time.perf_counter() - started)
-        statements = await conn.fetch(PROFILE, run.DBNAME)
-        await conn.execute("VACUUM dl_jobs, dl_job_events")
-        sizes = await conn.fetch(SIZES)
+        statements = await conn.fetch(PROFILE, database)
+        relations = []
+        if sizes:
+            await conn.execute("VACUUM dl_jobs, dl_job_events")
+            relations = await conn.fetch(SIZES)
     finally:
         await conn.close()
-    return Profile(statements, sizes, n, rate, server)
+    return Profile(statements, relations, n, rate, server)
 
 
 #: The spec-floor's queue: the spec's DDL, and an index in its claim's order.
@@ -149,58 +164,43 @@ INSERT INTO dl_job_events (job_id, queue, kind) SELECT job_id, queue, 'done' FRO
 async def profile_floor(bench: run.Bench, n: int, slots: int) -> Profile:
     """The statements of the spec-floor (`FLOOR_*`) enqueueing `n` jobs in batches of 1,000,
     and `slots` connections claiming and ending them 20 at a time until none is left."""
-    admin = await asyncpg.connect(bench.admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{run.DBNAME}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{run.DBNAME}"')
-    finally:
-        await admin.close()
+    await bench.empty_database()
     conn = await asyncpg.connect(bench.dsn)
     try:
         await conn.execute(FLOOR_SCHEMA)
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        await conn.execute("SELECT pg_stat_statements_reset()")
-        started, server_before = time.perf_counter(), run._server_cpu_seconds()
-        for first in range(0, n, 1000):
-            await conn.execute(
-                FLOOR_ENQUEUE, [uuid.uuid4() for _ in range(first, min(n, first + 1000))]
-            )
-
-        async def worker() -> None:
-            loop = await asyncpg.connect(bench.dsn)
-            try:
-                while claimed := [r["job_id"] for r in await loop.fetch(FLOOR_CLAIM, 20)]:
-                    await loop.execute(FLOOR_END, claimed)
-            finally:
-                await loop.close()
-
-        await asyncio.gather(*(worker() for _ in range(slots)))
-        server = run._server_cpu_seconds() - server_before
-        rate = n / (time.perf_counter() - started)
-        statements = await conn.fetch(PROFILE, run.DBNAME)
-        await conn.execute("VACUUM dl_jobs, dl_job_events")
-        sizes = await conn.fetch(SIZES)
     finally:
         await conn.close()
-    return Profile(statements, sizes, n, rate, server)
+
+    async def worker() -> None:
+        loop = await asyncpg.connect(bench.dsn)
+        try:
+            while claimed := [r["job_id"] for r in await loop.fetch(FLOOR_CLAIM, 20)]:
+                await loop.execute(FLOOR_END, claimed)
+        finally:
+            await loop.close()
+
+    async def work() -> None:
+        enqueuer = await asyncpg.connect(bench.dsn)
+        try:
+            for first in range(0, n, 1000):
+                batch = [uuid.uuid4() for _ in range(first, min(n, first + 1000))]
+                await enqueuer.execute(FLOOR_ENQUEUE, batch)
+        finally:
+            await enqueuer.close()
+        await asyncio.gather(*(worker() for _ in range(slots)))
+
+    return await _profiled(bench.dsn, run.DBNAME, n, work)
 
 
 async def profile_peer(bench: run.Bench, system: str, n: int, slots: int) -> Profile:
     """The statements of the harness's `system` enqueueing `n` jobs in batches of 1,000 and
     draining them (at `slots`, where the system takes a cap). Its rate and server CPU count
     the harness's start and its creation of the peer's database too."""
-    conn = await asyncpg.connect(bench.admin_dsn)
-    try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        await conn.execute("SELECT pg_stat_statements_reset()")
-        started, server_before = time.perf_counter(), run._server_cpu_seconds()
+
+    async def work() -> None:
         await run._peer_run(bench, n, "drain", system, concurrency=slots)
-        server = run._server_cpu_seconds() - server_before
-        rate = n / (time.perf_counter() - started)
-        statements = await conn.fetch(PROFILE, PEER_DATABASES[system])
-    finally:
-        await conn.close()
-    return Profile(statements, [], n, rate, server)
+
+    return await _profiled(bench.admin_dsn, PEER_DATABASES[system], n, work, sizes=False)
 
 
 def print_profile(profile: Profile) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -13,6 +14,7 @@ import httpx
 
 from dataloader.core.retry import Linear, RetryPolicy
 from dataloader.core.transitions import Outcome, Transition, after_attempt
+from dataloader.storage import queries
 from dataloader.storage.protocol import ClaimedJob, WorkerProtocol
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.base import QueueWorker
@@ -231,3 +233,26 @@ async def finish_claimed(
         assert applied.facts is not None
         facts = applied.facts
     raise AssertionError("the job kept changing")
+
+
+def parking_insert(job_id: uuid.UUID, queue: str, task: str, lock_key: str) -> tuple[Any, ...]:
+    """INSERT_JOB of one job of `lock_key`, parked if a job of that key runs, as an enqueue
+    that commits at once asks (see Parking at insert in `queries`)."""
+    return queries.INSERT_JOB.bind(
+        job_id=job_id,
+        queue=queue,
+        task=task,
+        args="{}",
+        idempotency_key=None,
+        lock_key=lock_key,
+        partition_key="",
+        priority=100,
+        available_at=None,
+        delay_sec=None,
+        max_attempts=5,
+        lease_ttl_sec=60,
+        producer=None,
+        consumer_group=None,
+        actor="test",
+        park_behind_running=True,
+    )

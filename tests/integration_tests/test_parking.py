@@ -11,13 +11,16 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from dataloader.core.models import NewJob, new_job_id
 from dataloader.core.retry import Linear
-from dataloader.core.transitions import Ended, Outcome, after_attempt
+from dataloader.core.transitions import Ended, Outcome, after_attempt, on_cancel
+from dataloader.storage import queries
 from dataloader.storage.protocol import ClaimedJob, ClaimRound, WorkerProtocol
+from dataloader.storage.transitions import Fence, apply_transitions, facts_of
 from dataloader.workers.reaper import Reaper
 
 from .conftest import Service, StartService, wait_until
-from .helpers import finish_claimed
+from .helpers import finish_claimed, parking_insert
 
 WORKER = "hand"
 #: A queue of its own for the tests' jobs.
@@ -430,3 +433,251 @@ async def test_an_end_does_not_wait_for_a_next_job_someone_else_holds(
         assert claimed.job_id == waiting
     else:
         assert (await claim_one(protocol)).job_id == waiting
+
+
+#: The class of the two-key advisory lock on which inserts that park and ends meet
+#: (migration 0029).
+PARKING_LOCK = 1684828013
+
+
+def insert_job(job_id: uuid.UUID, lock_key: str) -> tuple[object, ...]:
+    """INSERT_JOB of a no-op job of `lock_key` in the tests' queue, parked if that key runs."""
+    return parking_insert(job_id, QUEUE, "demo.noop", lock_key)
+
+
+async def test_jobs_enqueued_behind_a_running_key_go_in_parked(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A job whose lock_key's job runs is written parked: no claim walks it, and the running
+    job's end puts it back as it puts back a job a claim parked."""
+    service, protocol = await producer(start_service)
+    first = await enqueue(service, "k")
+    running = await claim_one(protocol)
+    second = await enqueue(service, "k")
+    batch = await service.dl.enqueue_many(
+        [
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="k"),
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="other"),
+            service.dl.job("demo.noop", queue=QUEUE),  # no lock_key: nothing to wait for
+            service.dl.job("demo.noop", queue=QUEUE, lock_key="k", available_at=timedelta(hours=1)),
+        ]
+    )
+    third, other, free, later = (r.job_id for r in batch)
+    # an insert of an idempotency key may wait for another transaction's: it parks nothing
+    # (it would hold up the running job's end meanwhile), and leaves the job to the claims
+    (once, keyed_batch) = [
+        await service.dl.enqueue("demo.noop", queue=QUEUE, lock_key="k", idempotency_key="once"),
+        *await service.dl.enqueue_many(
+            [service.dl.job("demo.noop", queue=QUEUE, lock_key="k", idempotency_key="many")]
+        ),
+    ]
+    assert [await parked(conn, j) for j in (second, third, other, free, later)] == [
+        "lock_key",
+        "lock_key",
+        None,
+        None,
+        "delayed",
+    ]
+    assert [await parked(conn, r.job_id) for r in (once, keyed_batch)] == [None, None]
+    # the claim meets only the jobs that can run, and those the insert left unparked
+    round_ = await protocol.claim_round(QUEUE, 10, WORKER, walk=10)
+    assert sorted(j.job_id for j in round_.jobs) == sorted([other, free])
+    assert sorted(round_.blocked) == sorted([once.job_id, keyed_batch.job_id])
+    assert await protocol.park(round_.blocked) == 2
+
+    await finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER)
+    assert [await parked(conn, j) for j in (second, third)] == [None, "lock_key"]
+    assert (await claim_one(protocol)).job_id == second
+    assert first == running.job_id
+
+
+async def test_an_insert_parks_nothing_while_an_end_of_its_key_holds_the_parking_lock(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """An end under way holds the key's parking lock: it may have looked for the next job of
+    its key before the insert is visible, so the new job goes in unparked, for a claim to
+    judge."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    await claim_one(protocol)
+    ending = await asyncpg.connect(db_dsn)
+    try:
+        async with ending.transaction():
+            await ending.execute("SELECT pg_advisory_xact_lock($1, hashtext('k'))", PARKING_LOCK)
+            second = await enqueue(service, "k")
+    finally:
+        await ending.close()
+    assert await parked(conn, second) is None
+    assert await park_walked(protocol) == 1  # the claim parks it, as it would any row
+    assert await parked(conn, second) == "lock_key"
+
+
+async def test_an_enqueue_in_the_callers_transaction_parks_nothing(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Parking at insert holds the key's parking lock until the insert commits, and the
+    running job's end would wait for it: inside a caller's transaction, which may last, a job
+    goes in unparked, and the key's lock stays free."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    await claim_one(protocol)
+    caller = await asyncpg.connect(db_dsn)
+    try:
+        async with caller.transaction():
+            result = await service.dl.enqueue(
+                "demo.noop", queue=QUEUE, lock_key="k", connection=caller
+            )
+            (many,) = await service.dl.enqueue_many(
+                [service.dl.job("demo.noop", queue=QUEUE, lock_key="k")], connection=caller
+            )
+            free = await conn.fetchval(
+                "SELECT pg_try_advisory_lock($1, hashtext('k'))", PARKING_LOCK
+            )
+            assert free
+            await conn.execute("SELECT pg_advisory_unlock($1, hashtext('k'))", PARKING_LOCK)
+    finally:
+        await caller.close()
+    assert [await parked(conn, j) for j in (result.job_id, many.job_id)] == [None, None]
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["one_statement", "with_stages"])
+async def test_an_end_whose_snapshot_missed_a_job_parked_at_insert_puts_it_back(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str, staged: bool
+) -> None:
+    """The race: an insert parks a job behind the running job and commits after the end's
+    statement began, so the end's snapshot holds no next job of the key. The end waits for the
+    insert on the key's parking lock, looks again, and puts the job back; without that, it
+    would stay parked behind a key nobody holds until the reaper's sweep. Alike for the end
+    written in one statement (FINISH_JOBS) and for one that enqueues stages with it
+    (SET_JOB_STATES, the stages, then WAKE_LOCK_WAITERS)."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    running = await claim_one(protocol)
+    facts = running.facts()
+    transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    stages = {running.job_id: [NewJob(queue=QUEUE, task="demo.noop")]} if staged else None
+    inserter = await asyncpg.connect(db_dsn)
+    try:
+        transaction = inserter.transaction()
+        await transaction.start()  # the statement of an enqueue that commits at once, held open
+        second = new_job_id()
+        await inserter.execute(*insert_job(second, "k"))
+        end = asyncio.create_task(
+            protocol.finish([(running, facts, transition)], WORKER, stages=stages)
+        )
+
+        await wait_until(lambda: _at_least(conn, 1), what="the end to wait for the insert")
+        assert not end.done()
+        await transaction.commit()
+        applied = await asyncio.wait_for(end, timeout=20)
+        assert applied[running.job_id].state == "written"
+    finally:
+        await inserter.close()
+    assert await parked(conn, second) is None
+    claimed = await protocol.claim(QUEUE, 10, WORKER)
+    assert second in [job.job_id for job in claimed]
+
+
+async def test_heartbeats_and_ends_never_wait_for_an_insert_parking_behind_their_job(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """An insert that parks locks no row: while it is open, the running job's heartbeat
+    extends its lease."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    running = await claim_one(protocol)
+    inserter = await asyncpg.connect(db_dsn)
+    try:
+        async with inserter.transaction():
+            second = new_job_id()
+            await inserter.execute(*insert_job(second, "k"))
+            beats = await asyncio.wait_for(
+                protocol.heartbeat([(running.job_id, running.claim_token, False)], WORKER),
+                timeout=20,
+            )
+            assert beats[running.job_id].extended
+    finally:
+        await inserter.close()
+    assert await parked(conn, second) == "lock_key"
+
+
+async def test_no_job_parked_at_insert_is_left_behind_a_key_nobody_holds(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """Inserts racing the end of their key's running job, many times over: whichever commits
+    first, no job is left parked once the end is written."""
+    service, protocol = await producer(start_service)
+    for round_ in range(100):
+        key = f"race-{round_}"
+        await enqueue(service, key)
+        running = await claim_one(protocol)
+        inserted, _ = await asyncio.gather(
+            enqueue(service, key),
+            finish_claimed(protocol, running, Outcome(Ended.SUCCEEDED), WORKER),
+        )
+        assert await parked(conn, inserted) is None, f"round {round_}"
+        following = await claim_one(protocol)
+        assert following.job_id == inserted
+        await finish_claimed(protocol, following, Outcome(Ended.SUCCEEDED), WORKER)
+
+
+async def parking_waiters(conn: asyncpg.Connection) -> int:
+    """How many sessions wait for a key's parking lock."""
+    waiting: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+        " AND NOT granted",
+        PARKING_LOCK,
+    )
+    return waiting
+
+
+async def test_a_job_parked_at_insert_is_put_back_when_the_next_job_it_waited_for_is_canceled(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Three at once: an insert parks a job behind the running job; the queued job that is next
+    in the key's order is canceled; the running job ends. Neither end's snapshot holds the job
+    parked at insert, and the running job's end sees the next job held by the cancel: each end
+    looks again under the key's parking lock, and whichever looks last puts the job back."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    following = await enqueue(service, "k")  # next in the key's order, unparked
+    running = await claim_one(protocol)
+    facts = running.facts()
+    ended = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    inserter = await asyncpg.connect(db_dsn)
+    canceller = await asyncpg.connect(db_dsn)
+    try:
+        inserting = inserter.transaction()
+        await inserting.start()
+        late = new_job_id()
+        await inserter.execute(*insert_job(late, "k"))  # parked behind the running job
+        canceling = canceller.transaction()
+        await canceling.start()
+        row = await canceller.fetchrow(*queries.JOB_FACTS.bind(job_id=following))
+        following_facts = facts_of(row)
+        cancel = asyncio.create_task(
+            apply_transitions(
+                canceller.fetch,
+                [(Fence(following, following_facts), on_cancel(following_facts))],
+                actor_role="by",
+                actor="client",
+            )
+        )
+        await wait_until(
+            lambda: _at_least(conn, 1), what="the cancel to wait for the insert's parking lock"
+        )
+        end = asyncio.create_task(protocol.finish([(running, facts, ended)], WORKER))
+        await wait_until(lambda: _at_least(conn, 2), what="the end to wait for it too")
+        await inserting.commit()
+        assert (await asyncio.wait_for(cancel, timeout=20))[following].state == "written"
+        await canceling.commit()
+        assert (await asyncio.wait_for(end, timeout=20))[running.job_id].state == "written"
+    finally:
+        await inserter.close()
+        await canceller.close()
+    assert await parked(conn, late) is None
+    assert (await claim_one(protocol)).job_id == late
+
+
+async def _at_least(conn: asyncpg.Connection, waiters: int) -> bool:
+    return await parking_waiters(conn) >= waiters

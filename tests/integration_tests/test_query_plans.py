@@ -26,6 +26,8 @@ from dataloader.storage.processes import FINISH_TASKS, SAVE_PROCESSES, save_valu
 from dataloader.storage.statement import Statement
 from dataloader.storage.transitions import Fence, parameters_of
 
+from .helpers import parking_insert
+
 RUNNING = 3000
 
 
@@ -148,6 +150,42 @@ async def test_writes_by_job_id_use_the_primary_key(stale_conn: db.Connection, n
     plan = await plan_of(stale_conn, *BY_PRIMARY_KEY[name])
     assert "dl_jobs_pkey" in plan
     assert "ix_dl_jobs_status_queue" not in plan
+
+
+#: One job of key `key-1` enqueued, parked if that key runs (INSERT_JOB), and a batch of two.
+INSERTS: dict[str, tuple[Any, ...]] = {
+    "insert_job": parking_insert(uuid.uuid4(), "q", "t", "key-1"),
+    "insert_jobs": queries.INSERT_JOBS.bind(
+        job_ids=[uuid.uuid4(), uuid.uuid4()],
+        queue=["q", "q"],
+        task=["t", "t"],
+        args=["{}", "{}"],
+        idempotency_key=[None, None],
+        lock_key=["key-1", "key-2"],
+        partition_key=["", ""],
+        priority=[100, 100],
+        available_at=[None, None],
+        delay_sec=[],
+        max_attempts=[5, 5],
+        lease_ttl_sec=[60, 60],
+        producer=[None, None],
+        consumer_group=[None, None],
+        actor="test",
+        park_behind_running=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INSERTS))
+async def test_an_enqueue_looks_up_its_running_keys_through_their_own_index(
+    stale_conn: db.Connection, name: str
+) -> None:
+    """Whether a new job's lock_key runs (it may then go in parked) is a probe of the index of
+    running keys, never a read of every running job of the table."""
+    plan = await plan_of(stale_conn, *INSERTS[name])
+    assert "ix_dl_jobs_running_lock_hash" in plan
+    assert "ix_dl_jobs_status_queue" not in plan
+    assert "Seq Scan on dl_jobs" not in plan
 
 
 async def test_claim_probes_running_lock_keys_through_their_own_index(

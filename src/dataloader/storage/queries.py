@@ -27,21 +27,49 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 
 # --- producers ---------------------------------------------------------------------------------
 
+#: Parking at insert. A job enqueued while a job of its lock_key runs would only be parked by
+#: the first claim that walks it (PARK_JOBS): a long run of them costs claims that walk, lock
+#: and write each. An insert that `park_behind_running` writes such a job parked behind the
+#: running job at once. The running job's end looks for its key's next job in the snapshot
+#: its statement began with, which holds no job inserted later; so inserts and ends meet on a
+#: lock of the key (migration 0029): for each key of the insert that a running job holds in
+#: its snapshot, dl_park_behind tries the lock shared (held exclusively: an end is under way,
+#: and nothing is parked) and then looks, in a snapshot taken after it, whether a job of the
+#: key still runs; the insert holds the lock until it commits. An end that frees a key and did
+#: not write its next job takes the lock exclusively and looks again, in a snapshot taken after
+#: it, for a job parked so (dl_parked_unseen, from _WAKE's `unseen` and SET_JOB_STATES's
+#: `again`). No row is locked: heartbeats never wait for an insert. The caller asks for this
+#: only when the insert commits at once, is of at most PARKING_BATCH_MAX jobs with ids of our
+#: making, and no job of it has an idempotency_key: nothing keeps it waiting while it holds
+#: the lock, and an end of its keys waits for it no longer than its statement.
+
 #: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
 #: the same statement. A job without a lock_key (NULL) is `lock_free`, stored with key ''.
 #: Returns no row on an idempotency conflict (then read the existing job with JOBS_BY_IDEMPOTENCY).
 #: `args` is JSON text: any asyncpg connection sends text, with or without a json codec.
 #: `delay_sec` (with no `available_at`) counts from the database's clock, to the microsecond (a
 #: float: cast, since the literal 0 beside it would make it an integer, a delay of 0.3 s none).
+#: With `park_behind_running`, a job whose lock_key a running job holds goes in parked behind
+#: it (see Parking at insert, above).
 INSERT_JOB: Final = Statement("""
-WITH ins AS (
+WITH parked_behind AS (
+    SELECT true AS yes
+    FROM (SELECT hashtext(r.lock_key) AS lock_hash FROM dl_jobs r
+          WHERE :park_behind_running::bool AND :lock_key::text IS NOT NULL
+            AND (r.status = 'running') IS TRUE AND NOT r.lock_free
+            AND hashtext(r.lock_key) = hashtext(:lock_key::text)
+          LIMIT 1) AS running
+    WHERE dl_park_behind(running.lock_hash)
+), ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
                          producer, consumer_group, parked)
     SELECT new.id, :queue, :task, :args::text::jsonb, :idempotency_key,
            COALESCE(:lock_key::text, ''), :lock_key::text IS NULL,
            :partition_key, :priority, due.at, :max_attempts, :lease_ttl_sec, :producer,
-           :consumer_group, CASE WHEN due.at > now() THEN 'delayed' END
+           :consumer_group,
+           CASE WHEN due.at > now() THEN 'delayed'
+                WHEN EXISTS (SELECT 1 FROM parked_behind) THEN 'lock_key' END
     FROM (SELECT :job_id::uuid AS id) AS new,
          (SELECT COALESCE(:available_at,
                           now() + make_interval(secs => COALESCE(:delay_sec::float8, 0))) AS at
@@ -63,15 +91,29 @@ SELECT job_id, status::text AS status FROM ins
 #: inserted ids come back. Journals `queued` for each inserted job (`actor` as `by`).
 #: `delay_sec` is read by position, and may be empty when no job has a delay (it then costs
 #: nothing per job). A job without a lock_key (NULL) is `lock_free`, stored with key ''.
+#: With `park_behind_running`, a job whose lock_key a running job holds goes in parked behind
+#: it (see Parking at insert, above; the running jobs of the batch's keys are found together).
 INSERT_JOBS: Final = Statement("""
-WITH ins AS (
+WITH parked_behind AS (
+    SELECT running.lock_hash
+    FROM (SELECT DISTINCT hashtext(r.lock_key) AS lock_hash FROM dl_jobs r
+          WHERE :park_behind_running::bool
+            AND (r.status = 'running') IS TRUE AND NOT r.lock_free
+            AND hashtext(r.lock_key) IN (
+                SELECT hashtext(k) FROM unnest(:lock_key::text[]) AS k WHERE k IS NOT NULL)
+         ) AS running
+    WHERE dl_park_behind(running.lock_hash)
+), ins AS (
     INSERT INTO dl_jobs (job_id, queue, task, args, idempotency_key, lock_key, lock_free,
                          partition_key, priority, available_at, max_attempts, lease_ttl_sec,
                          producer, consumer_group, parked)
     SELECT t.job_id, t.queue, t.task, t.args::jsonb, t.idempotency_key,
            COALESCE(t.lock_key, ''), t.lock_key IS NULL, t.partition_key,
            t.priority, due.at, t.max_attempts, t.lease_ttl_sec, t.producer, t.consumer_group,
-           CASE WHEN due.at > now() THEN 'delayed' END
+           CASE WHEN due.at > now() THEN 'delayed'
+                WHEN t.lock_key IS NOT NULL
+                     AND hashtext(t.lock_key) IN (SELECT lock_hash FROM parked_behind)
+                    THEN 'lock_key' END
     FROM unnest(:job_ids::uuid[], :queue::text[], :task::text[], :args::text[],
                 :idempotency_key::text[], :lock_key::text[], :partition_key::text[],
                 :priority::int[], :available_at::timestamptz[], :max_attempts::int[],
@@ -992,24 +1034,41 @@ SET_JOB_STATES: Final = Statement(
         (
             _SET_STATES,
             """
+, waiting AS (
+    -- whether a due job waits for the lock_key hash each job written frees: a job leaving
+    -- `running`, or a queued job ending (it may have been the one its key's parked jobs
+    -- waited behind), but for a lock_free job (it held no key); by
+    -- ix_dl_jobs_queued_lock_hash, as WAKE_LOCK_WAITERS looks
+    SELECT u.job_id, u.lock_key, f.frees,
+           f.frees AND (SELECT EXISTS (
+               SELECT 1 FROM dl_jobs q
+               WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
+                 AND NOT q.lock_free
+                 AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id)) AS waiter
+    FROM upd u
+    CROSS JOIN LATERAL (
+        SELECT NOT u.lock_free
+               AND (u.expect_status = 'running'
+                    OR (u.expect_status = 'queued' AND u.status <> 'queued')) AS frees
+    ) AS f
+), again AS (
+    -- a key freed with no next job in this snapshot, for which WAKE_LOCK_WAITERS will not
+    -- run: a job parked behind it as it was inserted, after this snapshot, is looked for
+    -- again here, as _WAKE's `unseen` does
+    SELECT dl_parked_unseen(k.lock_key) AS put_back_to
+    FROM (SELECT DISTINCT ON (hashtext(w.lock_key)) w.lock_key
+          FROM waiting w
+          WHERE w.frees AND NOT w.waiter
+          ORDER BY hashtext(w.lock_key)) AS k
+)
 SELECT u.job_id, 'written' AS state, u.queue, u.lock_key, u.expect_status AS left_status,
-       u.status::text AS took_status,
-       -- whether a due job waits for the lock_key hash this frees: a job leaving `running`,
-       -- or a queued job ending (it may have been the one its key's parked jobs waited
-       -- behind), but for a lock_free job (it held no key); by ix_dl_jobs_queued_lock_hash,
-       -- as WAKE_LOCK_WAITERS looks
-       CASE WHEN u.lock_free THEN false ELSE
-       (u.expect_status = 'running' OR (u.expect_status = 'queued' AND u.status <> 'queued'))
-       AND (SELECT EXISTS (
-           SELECT 1 FROM dl_jobs q
-           WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashtext(u.lock_key)
-             AND NOT q.lock_free
-             AND (q.available_at <= now()) IS TRUE AND q.job_id <> u.job_id)) END AS waiter,
+       u.status::text AS took_status, w.waiter,
        NULL::text AS status, NULL::int AS attempt, NULL::int AS max_attempts,
        NULL::int AS handbacks, NULL::bool AS cancel_requested, NULL::bool AS rerun_requested
-FROM upd u
+FROM upd u JOIN waiting w ON w.job_id = u.job_id
 WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
   AND (SELECT count(*) FROM room_freed) >= 0
+  AND (SELECT count(*) FROM again) >= 0  -- looks for what this snapshot cannot see
 UNION ALL
 SELECT m.job_id, 'changed', NULL, NULL, NULL, NULL, false, m.row_status, m.row_attempt,
        m.max_attempts, m.row_handbacks, m.row_cancel, m.row_rerun
@@ -1113,6 +1172,17 @@ _WAKE = """
            END AS collision
     FROM next_up n
     WHERE n.left_running
+), unseen AS (
+    -- a key freed whose next job this statement did not write (its snapshot holds none, or
+    -- another session holds it, maybe ending it): a job parked behind the key as it was
+    -- inserted, after that snapshot, is looked for again (dl_parked_unseen, migration 0029:
+    -- see Parking at insert), each key once, in the order of their hashes (the function
+    -- takes a lock of each: two ends never take them in crossing orders)
+    SELECT dl_parked_unseen(k.lock_key) AS put_back_to
+    FROM (SELECT DISTINCT ON (hashtext(f.lock_key)) f.lock_key
+          FROM freed f
+          WHERE f.job_id NOT IN (SELECT n.job_id FROM next_up n WHERE n.writable)
+          ORDER BY hashtext(f.lock_key)) AS k
 )"""
 
 #: The next job (`next_up`) of the lock_key hash freed by each `handing` job is claimed for
@@ -1183,6 +1253,7 @@ WITH freed AS (
             _WAKE,
             """
 SELECT job_id, collision FROM woken
+WHERE (SELECT count(*) FROM unseen) >= 0  -- looks for what this snapshot cannot see
 """,
         )
     )
@@ -1246,6 +1317,7 @@ SELECT u.job_id, 'written' AS state, COALESCE(woken.collision, false) AS collisi
 FROM upd u LEFT JOIN woken ON woken.job_id = u.job_id
 WHERE (SELECT count(*) FROM announced) >= 0  -- sends the notifications
   AND (SELECT count(*) FROM room_freed) >= 0
+  AND (SELECT count(*) FROM unseen) >= 0  -- looks for what this snapshot cannot see
 UNION ALL
 SELECT m.job_id, 'changed', false, m.row_status, m.row_attempt, m.max_attempts,
        m.row_handbacks, m.row_cancel, m.row_rerun, NULL

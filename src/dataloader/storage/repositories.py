@@ -387,11 +387,20 @@ async def enqueue(
         job.check_queue(filled)
         for name in FILLED_OPTIONS:
             columns[name] = filled.fill(job, name)
+    # an id of the caller's may be one another transaction is inserting: the insert would
+    # wait for it while it holds its keys' parking locks
+    park = job_id is None and job.idempotency_key is None and _commits_at_once(conn)
     if job_id is None:
         job_id = new_job_id()
     while True:
         row = await conn.fetchrow(
-            *queries.INSERT_JOB.bind(**columns, job_id=job_id, args=job.args_json, actor=actor)
+            *queries.INSERT_JOB.bind(
+                **columns,
+                job_id=job_id,
+                args=job.args_json,
+                actor=actor,
+                park_behind_running=park,
+            )
         )
         if row is not None:
             return EnqueueResult(row["job_id"], JobStatus(row["status"]), True)
@@ -423,12 +432,18 @@ async def enqueue_many(
         return []
     ids = [new_job_id() for _ in jobs]
     keyed = any(job.idempotency_key is not None for job in jobs)
+    park = not keyed and len(jobs) <= PARKING_BATCH_MAX and _commits_at_once(conn)
     # without keys nothing is skipped, and the one statement is atomic on its own
     async with atomic(conn) if keyed else contextlib.nullcontext(conn):
         inserted = {
             row["job_id"]
             for row in await conn.fetch(
-                *queries.INSERT_JOBS.bind(job_ids=ids, actor=actor, **_arrays(jobs, options))
+                *queries.INSERT_JOBS.bind(
+                    job_ids=ids,
+                    actor=actor,
+                    park_behind_running=park,
+                    **_arrays(jobs, options),
+                )
             )
         }
         skipped = [j for j, i in zip(jobs, ids, strict=True) if i not in inserted]
@@ -484,14 +499,25 @@ async def _rerun(
     return decision.status if isinstance(decision, Transition) else written.fence.facts.status
 
 
+#: The most jobs an insert parks behind their running keys: the end of a running job waits for
+#: an insert that holds its key's parking lock, as long as the insert's statement lasts.
+PARKING_BATCH_MAX: Final = 1000
+
+
+def _commits_at_once(conn: AnyConnection) -> bool:
+    """Whether an insert on `conn` commits as soon as it is written (no caller's transaction
+    is open): only then may it park its jobs behind their running lock_keys, holding the
+    keys' parking locks until it commits (see Parking at insert in `queries`). Inside a
+    caller's transaction they are parked by the first claim that meets them instead."""
+    return not conn.is_in_transaction()
+
+
+#: INSERT_JOB's and INSERT_JOBS's parameters that are not fields of a job.
+_NOT_FIELDS: Final = {"job_id", "job_ids", "args", "actor", "park_behind_running"}
 #: Fields of a job sent as they are, by INSERT_JOB's parameter names (args is sent as text).
-_SINGLE_COLUMNS: Final = tuple(
-    n for n in queries.INSERT_JOB.names if n not in {"job_id", "args", "actor"}
-)
+_SINGLE_COLUMNS: Final = tuple(n for n in queries.INSERT_JOB.names if n not in _NOT_FIELDS)
 #: Columns of INSERT_JOBS and JOBS_BY_IDEMPOTENCY (one array each).
-_COLUMNS: Final = tuple(
-    n for n in queries.INSERT_JOBS.names if n not in {"job_ids", "args", "actor"}
-)
+_COLUMNS: Final = tuple(n for n in queries.INSERT_JOBS.names if n not in _NOT_FIELDS)
 
 
 def _arrays(
