@@ -11,12 +11,19 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from dataloader.base import JobStatus
 from dataloader.core.models import NewJob, new_job_id
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome, after_attempt, on_cancel
 from dataloader.storage import queries
 from dataloader.storage.protocol import ClaimedJob, ClaimRound, WorkerProtocol
-from dataloader.storage.transitions import Fence, apply_transitions, facts_of
+from dataloader.storage.transitions import (
+    Fence,
+    apply_transitions,
+    facts_of,
+    release_keys,
+    set_states,
+)
 from dataloader.workers.reaper import Reaper
 
 from .conftest import Service, StartService, wait_until
@@ -681,3 +688,40 @@ async def test_a_job_parked_at_insert_is_put_back_when_the_next_job_it_waited_fo
 
 async def _at_least(conn: asyncpg.Connection, waiters: int) -> bool:
     return await parking_waiters(conn) >= waiters
+
+
+async def test_a_cancel_of_the_next_job_waits_for_a_staged_end_that_found_it(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """An end in several statements (with stages) finds the next job of its key and has not
+    committed; a job is parked at insert behind the job it ended, which still runs to
+    everyone else; a client cancels the next job. The end holds that job until it commits, so
+    the cancel is written after, and then finds the job parked at insert and puts it back."""
+    service, protocol = await producer(start_service)
+    await enqueue(service, "k")
+    following = await enqueue(service, "k")
+    running = await claim_one(protocol)
+    facts = running.facts()
+    fence = Fence(running.job_id, facts, running.claim_token)
+    ending = await asyncpg.connect(db_dsn)
+    try:
+        async with ending.transaction():
+            written = await set_states(
+                ending,
+                [(fence, after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear()))],
+                actor_role="worker",
+                actor=WORKER,
+            )
+            await release_keys(ending, written, actor=WORKER)
+            late = await enqueue(service, "k")  # committed at once, parked behind the job
+            assert await parked(conn, late) == "lock_key"
+            row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=following))
+            following_facts = facts_of(row)
+            cancel = [(Fence(following, following_facts), on_cancel(following_facts))]
+            applied = await apply_transitions(conn.fetch, cancel, actor_role="by", actor="test")
+            assert applied[following].state == "busy"  # held by the end: not written yet
+    finally:
+        await ending.close()
+    assert (await service.dl.cancel(following)).status is JobStatus.CANCELED
+    assert await parked(conn, late) is None
+    assert (await claim_one(protocol)).job_id == late

@@ -1113,9 +1113,9 @@ _NEXT_UP_SEARCH = """
     {latest}
 )"""
 
-#: WAKE_LOCK_WAITERS and HAND_OFF_NEXT read the next job in their own snapshot, taken after
-#: SET_JOB_STATES (an earlier statement of their transaction) locked and wrote the jobs that
-#: free their keys: any parking behind those jobs committed before it, and is seen.
+#: HAND_OFF_NEXT reads the next job in its own snapshot, taken after SET_JOB_STATES (an earlier
+#: statement of its transaction) locked and wrote the jobs that free their keys: any parking
+#: behind those jobs committed before it, and is seen.
 _NEXT_UP = _NEXT_UP_SEARCH.format(
     latest="CROSS JOIN (SELECT NULL::text AS parked, false AS found, true AS writable) AS latest"
 )
@@ -1237,7 +1237,10 @@ _HAND_OFF = """
 #: Wake the next job of each lock_key freed by jobs SET_JOB_STATES just wrote (`job_ids`, with
 #: their `lock_keys`, `queues`, `left_running` and `handing`; `written_ids`: every job it
 #: wrote): see _WAKE. Run after it in the same transaction (its rows stay locked: a claim still
-#: sees them running, and PARK_JOBS cannot share-lock them), and before HAND_OFF_NEXT.
+#: sees them running, and PARK_JOBS cannot share-lock them), and before HAND_OFF_NEXT. It locks
+#: the next job it finds, as FINISH_JOBS does (_NEXT_UP_LOCKED): until this end commits, an end
+#: of that job (a cancel) is held off, and cannot look for a job parked at insert while the
+#: job this end wrote still runs to it (see Parking at insert).
 WAKE_LOCK_WAITERS: Final = Statement(
     "".join(
         (
@@ -1249,7 +1252,7 @@ WITH freed AS (
 ), written AS (
     SELECT unnest(:written_ids::uuid[]) AS job_id
 )""",
-            _NEXT_UP,
+            _NEXT_UP_LOCKED,
             _WAKE,
             """
 SELECT job_id, collision FROM woken
