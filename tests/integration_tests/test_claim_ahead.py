@@ -348,7 +348,8 @@ async def test_a_job_claimed_ahead_that_lost_its_lock_goes_back_unstarted(
     for job in keyed:
         kinds = await conn.fetch(
             "SELECT kind, payload->>'reason' AS reason FROM dl_job_events WHERE job_id = $1"
-            " AND kind <> 'queued' ORDER BY event_id",
+            # a heartbeat is journalled whenever a run outlasts its period: not this test's
+            " AND kind NOT IN ('queued', 'heartbeat') ORDER BY event_id",
             job.job_id,
         )
         assert [tuple(r) for r in kinds] == [

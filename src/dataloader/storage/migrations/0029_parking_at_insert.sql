@@ -22,14 +22,15 @@ BEGIN
 END
 $$;
 
--- Called by the end of a running job whose key's next job its snapshot did not find: waits for
--- the inserts that may be parking behind the key (they hold the lock shared until they commit),
--- then looks again (due by the clock, not by the end's transaction's start, which an insert
--- begun later is after): if the key's next due job is parked and no job of the key runs now, that job
--- goes back into the claim's order and its queue is woken. The lock is held until the end
--- commits, so an insert that comes later parks nothing until then, and then sees the job ended.
--- A next job another session holds is left as it is (the reaper's sweep of stranded jobs puts
--- it back). Returns the queue of the job put back.
+-- Called by an end that frees a key and did not write its key's next job (its snapshot held
+-- none, or another session held it): waits for the inserts that may be parking behind the key
+-- (they hold the lock shared until they commit), then looks again, due by the clock (not by the
+-- start of the end's transaction, which an insert begun later is after): if the key's next due
+-- job is parked and no job of the key runs now, that job goes back into the claim's order and
+-- its queue is woken. The lock is held until the end commits, so an insert that comes later
+-- parks nothing until then, and then sees the job ended. A next job another session holds is
+-- left as it is (the reaper's sweep of stranded jobs puts it back). Returns the queue of the
+-- job put back.
 CREATE OR REPLACE FUNCTION dl_parked_unseen(freed_key text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
