@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from dataloader.base import JobStatus
 from dataloader.core.models import JobState, QueueStats
 from dataloader.core.queues import QueueLimits
-from dataloader.core.waiting import why_not_running
+from dataloader.core.waiting import HOLDERS_NAMED, Holder, ServingProcess, why_not_running
 
 NOW = datetime(2026, 11, 26, 12, tzinfo=UTC)
 
@@ -53,31 +53,108 @@ def test_a_queued_job_with_nothing_in_its_way_says_so() -> None:
 
 
 def test_each_fact_that_holds_a_job_back_is_a_reason() -> None:
-    holder = job(status=JobStatus.RUNNING)
-    later = NOW + timedelta(hours=1)
+    holder = job(status=JobStatus.RUNNING, worker_id="w1")
+    later = NOW + timedelta(hours=1, microseconds=123)
     found = why_not_running(
         job(available_at=later),
         now=NOW,
         queue=queue(
             paused=True,
             paused_by="token:ops",
+            paused_at=NOW,
             running=5,
             limits=QueueLimits(max_running=5, max_running_per_partition=2),
         ),
         holder=holder,
         served_queues=set(),
         known_tasks=set(),
-        partition_running=2,
+        partition_running=[holder, holder],
     )
     assert [r.text for r in found] == [
-        f"it is delayed until {later.isoformat()}",
-        "its queue 'q' is paused by token:ops",
+        "it is delayed until 2026-11-26 13:00:00 UTC",
+        "its queue 'q' is paused by token:ops since 2026-11-26 12:00:00 UTC",
         "its queue runs 5 job(s), its limit (max_running 5)",
         "its partition runs 2 job(s), its queue's limit (max_running_per_partition 2)",
         f"its lock_key 'k' is held by job {holder.job_id}",
         "no live process serves its queue 'q'",
     ]
-    assert found[4].job_id == str(holder.job_id)
+    assert found[4].holders == (Holder(str(holder.job_id), "w1"),)
+
+
+def running_on(*workers: str) -> list[JobState]:
+    return [job(status=JobStatus.RUNNING, worker_id=w) for w in workers]
+
+
+SERVING = [ServingProcess("w1", "host-a pid 10", 2), ServingProcess("w2", "host-b pid 20", 1)]
+
+
+def test_busy_slots_are_a_reason_naming_their_jobs_and_processes() -> None:
+    held = running_on("w1", "w2", "w1")
+    [busy] = why_not_running(
+        job(),
+        now=NOW,
+        queue=queue(running=3),
+        holder=None,
+        served_queues={"q"},
+        known_tasks={"t"},
+        running=held,
+        serving=SERVING,
+    )
+    assert busy.text == (
+        "every slot serving its queue is busy: 3 of its jobs run in the 3 slot(s)"
+        " of 2 live process(es)"
+    )
+    assert busy.holders == tuple(
+        Holder(str(j.job_id), name)
+        for j, name in zip(held, ["host-a pid 10", "host-b pid 20", "host-a pid 10"], strict=True)
+    )
+    assert busy.more == 0
+
+
+def test_a_free_slot_or_jobs_of_a_gone_process_hold_nothing_back() -> None:
+    facts = {"now": NOW, "queue": queue(running=3), "holder": None, "serving": SERVING}
+    nothing = ["nothing holds it back: a worker should claim it within a poll interval"]
+    assert reasons(job(), running=running_on("w1", "w2"), **facts) == nothing
+    assert reasons(job(), running=running_on("w1", "w2", "gone"), **facts) == nothing
+    assert reasons(
+        job(), running=running_on("w1"), queue=queue(running=1), serving=[], served_queues=set()
+    ) == ["no live process serves its queue 'q'"]
+
+
+def test_busy_slots_are_said_beside_a_pause_a_limit_and_a_lock_key() -> None:
+    held = running_on("w1", "w1", "w2")
+    lock_holder = held[0]
+    found = reasons(
+        job(),
+        queue=queue(running=3, paused=True, limits=QueueLimits(max_running=3)),
+        holder=lock_holder,
+        running=held,
+        serving=SERVING,
+    )
+    assert found == [
+        "its queue 'q' is paused",
+        "its queue runs 3 job(s), its limit (max_running 3)",
+        "every slot serving its queue is busy: 3 of its jobs run in the 3 slot(s)"
+        " of 2 live process(es)",
+        f"its lock_key 'k' is held by job {lock_holder.job_id}",
+    ]
+
+
+def test_a_limit_names_the_running_jobs_that_reach_it_and_counts_the_rest() -> None:
+    held = running_on(*["w1"] * (HOLDERS_NAMED + 2))
+    [limit] = why_not_running(
+        job(),
+        now=NOW,
+        queue=queue(running=40, limits=QueueLimits(max_running=40)),
+        holder=None,
+        served_queues={"q"},
+        known_tasks={"t"},
+        running=held,
+        serving=[ServingProcess("w1", "host-a pid 10", 100)],
+    )
+    assert [h.job_id for h in limit.holders] == [str(j.job_id) for j in held[:HOLDERS_NAMED]]
+    assert {h.process for h in limit.holders} == {"host-a pid 10"}
+    assert limit.more == 40 - HOLDERS_NAMED
 
 
 def test_a_served_queue_whose_task_nobody_knows() -> None:
@@ -86,6 +163,6 @@ def test_a_served_queue_whose_task_nobody_knows() -> None:
 
 def test_limits_not_reached_hold_nothing_back() -> None:
     limited = queue(running=4, limits=QueueLimits(max_running=5, max_running_per_partition=2))
-    assert reasons(job(), queue=limited, partition_running=1) == [
+    assert reasons(job(), queue=limited, partition_running=running_on("w1")) == [
         "nothing holds it back: a worker should claim it within a poll interval"
     ]

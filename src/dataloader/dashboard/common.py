@@ -15,6 +15,7 @@ from fastapi.templating import Jinja2Templates
 
 from dataloader.client import Client
 from dataloader.config import Scope
+from dataloader.core import display
 from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD, SESSION_SEC, Sessions, Viewer
 from dataloader.health import SystemStatus
 from dataloader.logger.utils import mask_mapping, mask_text
@@ -58,7 +59,7 @@ def span(seconds: float | None) -> str:
 
 
 def stamp(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "—" if moment is None else display.stamp(moment)
 
 
 templates.env.filters.update(

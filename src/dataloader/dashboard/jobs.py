@@ -16,7 +16,7 @@ from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import JobEvent, JobState, stage_parent
-from dataloader.core.waiting import Reason, why_not_running
+from dataloader.core.waiting import Reason, ServingProcess, why_not_running
 from dataloader.dashboard.common import (
     PREFIX,
     PageClient,
@@ -32,6 +32,8 @@ router = APIRouter(prefix=PREFIX)
 
 #: Jobs a page of the list shows.
 PAGE_SIZE = 50
+#: Running jobs read to say which hold a queued job back (a queue's, a partition's), at most.
+RUNNING_READ = 1000
 #: A job's stages its page lists, at most.
 STAGES_SHOWN = 50
 #: The filters of the list, as its query parameters.
@@ -188,9 +190,15 @@ async def why_waiting(client: Client, job: JobState, partition_key: str | None) 
             queue=job.queue,
             partition_key=partition_key,
             status=JobStatus.RUNNING,
-            limit=min(per_partition, 1000),
+            limit=min(per_partition, RUNNING_READ),
         )
-        partition_running = len(page.jobs)
+        partition_running = page.jobs
+    # running jobs are few (the processes' slots): one page names those in the way
+    in_queue = []
+    if queue is not None and queue.running:
+        in_queue = (
+            await client.list(queue=job.queue, status=JobStatus.RUNNING, limit=RUNNING_READ)
+        ).jobs
     return why_not_running(
         job,
         now=datetime.now(UTC),
@@ -199,6 +207,12 @@ async def why_waiting(client: Client, job: JobState, partition_key: str | None) 
         served_queues={queue for w in workers for queue in w.queues},
         known_tasks={task for w in workers for task in w.tasks},
         partition_running=partition_running,
+        running=in_queue,
+        serving=[
+            ServingProcess(w.worker_id, f"{w.host} pid {w.pid}", w.queues[job.queue])
+            for w in workers
+            if job.queue in w.queues
+        ],
     )
 
 
