@@ -7,16 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
+
+import pytest
 
 from dataloader.dashboard.jobs import job_view_of
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 
+from .browser import open_browser, require_chromium
 from .conftest import StartService
+from .procs import Launcher
 from .test_dashboard import signed_in
+from .test_dashboard_browser import IDLE, a_service
 
 BUSY = "ui.busy"
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    require_chromium()
+    async for opened in open_browser():
+        yield opened
 
 
 async def test_a_job_behind_busy_slots_names_them_and_who_holds_them(
@@ -52,3 +65,47 @@ async def test_a_job_behind_busy_slots_names_them_and_who_holds_them(
     finally:
         release.set()
     await service.wait_status(waiting, "succeeded")
+
+
+async def test_a_queue_paused_elsewhere_offers_resume_without_a_reload(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    await service.trigger(queue=IDLE, task="ui.nobody")
+    page = await browser.new_page()
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    await page.goto(f"{service.base_url}/ui/queues/{IDLE}")
+    await page.get_by_role("button", name="Pause").wait_for()
+
+    paused = await service.client.post(f"/api/v1/queues/{IDLE}/pause")
+    assert paused.status_code == 200, paused.text
+    await page.get_by_role("button", name="Resume").wait_for(timeout=20_000)
+    assert await page.get_by_role("button", name="Pause").count() == 0
+    assert len(navigations) == 1  # no reload
+    await page.get_by_role("button", name="Resume").click()  # and it resumes
+    await page.locator("#queue-state", has_text="Running").wait_for()
+    queues = (await service.client.get("/api/v1/queues")).json()["queues"]
+    assert [q["paused"] for q in queues if q["queue"] == IDLE] == [False]
+
+    await service.client.post(f"/api/v1/queues/{IDLE}/pause")
+    await page.get_by_role("button", name="Resume").wait_for(timeout=20_000)
+
+
+async def test_a_running_jobs_progress_json_follows_its_bar(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    job_id = await service.trigger(task="demo.sleep", args={"seconds": 8, "chunks": 16})
+    await service.wait_status(job_id, "running")
+    page = await browser.new_page()
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    first = int(await page.locator("#job-progress").get_attribute("value") or 0)
+    await page.wait_for_function(
+        f"document.getElementById('job-progress').value > {first + 1}", timeout=20_000
+    )
+    bar, shown = await page.evaluate(
+        "[document.getElementById('job-progress').value,"
+        " JSON.parse(document.getElementById('job-progress-json').textContent)]"
+    )
+    assert shown == {"done": bar, "total": 16}

@@ -23,11 +23,13 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from dataloader.client import Client
+from dataloader.core import display
 from dataloader.core.models import JobState
 from dataloader.dashboard.common import (
     PREFIX,
     PageViewer,
     pages_of,
+    pretty_json,
     render_queue_facts,
     render_system,
 )
@@ -183,6 +185,9 @@ def event_of(state: JobState) -> str:
         "done": progress.get("done"),
         "total": progress.get("total"),
         "progress": progress,
+        # as the page formats it (masked, its controls escaped), so that the two agree
+        "progress_text": display.visible(pretty_json(progress)),
+        "has_progress": bool(progress),
     }
     return sse("state", json.dumps(data, default=str))
 

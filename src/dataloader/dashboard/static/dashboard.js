@@ -1,5 +1,6 @@
-// dataloader's dashboard: a job's page follows the job, the overview and a queue's page the
-// queues, live (Server-Sent Events); a hidden tab stops following and starts again when shown.
+// dataloader's dashboard: a job's page follows the job (status, progress, cancel), the overview
+// and a queue's page the queues (a queue's Pause/Resume too), live (Server-Sent Events); a
+// hidden tab stops following and starts again when shown.
 (function () {
   "use strict";
   var streams = [];
@@ -23,6 +24,9 @@
     var status = document.getElementById("job-status");
     var bar = document.getElementById("job-progress");
     var counts = document.getElementById("job-progress-text");
+    var json = document.getElementById("job-progress-json");
+    var cancel = document.getElementById("job-cancel");
+    var cancelRequested = document.getElementById("job-cancel-requested");
     var waiting = document.getElementById("waiting-section");
     follow(job.getAttribute("data-live"), "state", function (data, stream) {
       var state = JSON.parse(data);
@@ -35,6 +39,13 @@
         bar.value = state.done;
         bar.hidden = false;
         counts.textContent = state.done + "/" + state.total;
+      }
+      // the progress as the server formats it (masked, escaped): the same as the bar's
+      json.textContent = state.progress_text;
+      json.hidden = !state.has_progress;
+      if (state.cancel_requested) {
+        if (cancel) cancel.hidden = true;
+        cancelRequested.hidden = false;
       }
       if (state.finished) {
         stream.stop();
@@ -49,8 +60,19 @@
   document.querySelectorAll("[data-live-system]").forEach(function (view) {
     follow(view.getAttribute("data-live-system"), "system", function (html) {
       view.innerHTML = html;
+      followPause(view);
     });
   });
+
+  // a queue paused or resumed elsewhere (the API, the CLI, another tab): its button follows
+  function followPause(view) {
+    var state = view.querySelector("[data-paused]");
+    var toggle = document.getElementById("queue-toggle");
+    if (!state || !toggle) return;
+    var paused = state.getAttribute("data-paused") === "true";
+    toggle.action = toggle.getAttribute(paused ? "data-resume" : "data-pause");
+    toggle.querySelector("button").textContent = paused ? "Resume" : "Pause";
+  }
 
   document.addEventListener("visibilitychange", function () {
     streams.forEach(function (s) { if (document.hidden) { s.stop(); } else { s.start(); } });
