@@ -169,7 +169,7 @@ async def test_an_action_needs_its_sessions_csrf_token_and_this_site(
     )
     assert elsewhere.status_code == 403
     assert (await service.status(job_id))["status"] == "queued"  # nothing was written
-    done = await browser.post(cancel, data={"csrf_token": csrf_of(page)})
+    done = await browser.post(cancel, data={"csrf_token": csrf_of(page), "confirmed": "yes"})
     assert done.status_code == 303
     assert (await service.status(job_id))["status"] == "canceled"
 
@@ -209,7 +209,9 @@ async def test_a_read_token_sees_and_changes_nothing_a_trigger_token_acts(
     actor = await signed_in(service, TRIGGER)
     page = (await actor.get(f"/ui/jobs/{job_id}")).text
     assert "Cancel" in page
-    done = await actor.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_of(page)})
+    done = await actor.post(
+        f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf_of(page), "confirmed": "yes"}
+    )
     assert done.status_code == 303
     events = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
     assert [e["payload"]["by"] for e in events if e["kind"] == "canceled"] == ["token:etl"]
@@ -425,7 +427,8 @@ async def test_a_process_is_listed_shown_called_and_removed(start_service: Start
     )
     assert bad.status_code == 400
     removed = await browser.post(
-        "/ui/process-actions/remove/orders/o/1", data={"csrf_token": csrf_of(page)}
+        "/ui/process-actions/remove/orders/o/1",
+        data={"csrf_token": csrf_of(page), "confirmed": "yes"},
     )
     assert removed.status_code == 303
     assert await service.dl.processes.get("orders", "o/1") is None

@@ -80,6 +80,7 @@ async def test_cancel_a_queued_job_and_retry_a_failed_one(
 
     await page.goto(f"{service.base_url}/ui/jobs/{queued}")
     await page.get_by_role("button", name="Cancel").click()
+    await page.get_by_role("button", name="Yes, cancel it").click()
     await page.locator("#job-status", has_text="canceled").wait_for()
     assert (await service.status(queued))["status"] == "canceled"
     await screenshot(page, "job-canceled")
@@ -142,6 +143,7 @@ async def test_a_read_token_sees_everything_and_changes_nothing_an_admin_acts(
     await page.get_by_role("heading", name="Overview").wait_for()
     await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
     await page.get_by_role("button", name="Cancel").click()
+    await page.get_by_role("button", name="Yes, cancel it").click()
     await page.locator("#job-status", has_text="canceled").wait_for()
     journal = (await service.client.get(f"/api/v1/jobs/{job_id}/events")).json()["events"]
     [canceled] = [e for e in journal if e["kind"] == "canceled"]

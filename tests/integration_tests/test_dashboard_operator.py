@@ -6,8 +6,10 @@ in a real browser (Debian's chromium, driven by Playwright) against a service on
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,3 +111,55 @@ async def test_a_running_jobs_progress_json_follows_its_bar(
         " JSON.parse(document.getElementById('job-progress-json').textContent)]"
     )
     assert shown == {"done": bar, "total": 16}
+
+
+PROCESS_MODULE = """
+from dataloader import ProcessResult, process
+
+
+@process("ui.orders")
+async def order(task, process):
+    return ProcessResult(aux_state={"state": "open"}, response={"state": "open"})
+"""
+
+
+async def test_remove_and_cancel_ask_first_and_act_once_confirmed(
+    launcher: Launcher, db_dsn: str, browser: Any, tmp_path: Path
+) -> None:
+    modules = tmp_path / "mods"
+    modules.mkdir()
+    (modules / "ui_processes.py").write_text(PROCESS_MODULE, encoding="utf-8")
+    service = await a_service(
+        launcher,
+        db_dsn,
+        DL_PIPELINE_MODULES="ui_processes",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(modules), os.environ.get("PYTHONPATH")])),
+        WORKERS_JSON='[{"queue": "ui.orders", "concurrency": 2}]',
+    )
+    started = await service.client.post("/api/v1/processes/ui.orders/o-1", json={"args": {}})
+    assert started.status_code == 200, started.text
+    page = await browser.new_page()
+    process = f"{service.base_url}/ui/processes/ui.orders/o-1"
+    await page.goto(process)
+
+    await page.get_by_role("button", name="Remove").click()  # the first click asks
+    await page.get_by_role("button", name="Yes, remove it").wait_for()
+    assert "cannot be undone" in await page.locator("#confirm-question").inner_text()
+    assert (await service.client.get("/api/v1/processes/ui.orders/o-1")).status_code == 200
+    await page.get_by_role("link", name="No, go back").click()
+    await page.wait_for_url(process)
+    assert (await service.client.get("/api/v1/processes/ui.orders/o-1")).status_code == 200
+
+    await page.get_by_role("button", name="Remove").click()
+    await page.get_by_role("button", name="Yes, remove it").click()  # confirmed: removed
+    await page.get_by_role("heading", name="Processes").wait_for()
+    assert (await service.client.get("/api/v1/processes/ui.orders/o-1")).status_code == 404
+
+    job_id = await service.trigger(queue=IDLE, task="ui.nobody")
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    await page.get_by_role("button", name="Cancel").click()
+    await page.get_by_role("button", name="Yes, cancel it").wait_for()
+    assert (await service.status(job_id))["status"] == "queued"
+    await page.get_by_role("button", name="Yes, cancel it").click()
+    await page.locator("#job-status", has_text="canceled").wait_for()
+    assert (await service.status(job_id))["status"] == "canceled"

@@ -137,6 +137,35 @@ def render(request: Request, viewer: Viewer, template: str, **context: Any) -> H
     )
 
 
+#: The form field that confirms a destructive action (its value: "yes").
+CONFIRM_FIELD: Final = "confirmed"
+
+
+def confirm_page(
+    request: Request,
+    viewer: Viewer,
+    *,
+    title: str,
+    question: str,
+    action: str,
+    button: str,
+    back: str,
+) -> HTMLResponse:
+    """A destructive action asked for without its confirmation: the page that asks first,
+    posting `action` again, confirmed (a page, not a script: it works without one)."""
+    return render(
+        request,
+        viewer,
+        "confirm.html",
+        title=title,
+        question=question,
+        button=button,
+        back=back,
+        action=action,
+        confirm_field=CONFIRM_FIELD,
+    )
+
+
 #: The title of an error page, by status.
 ERROR_TITLES: Final = {
     400: "Bad request",

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dataloader import JobPage
 from dataloader.base import JobStatus
@@ -18,11 +18,13 @@ from dataloader.config import Scope
 from dataloader.core.models import JobEvent, JobState, stage_parent
 from dataloader.core.waiting import Reason, ServingProcess, why_not_running
 from dataloader.dashboard.common import (
+    CONFIRM_FIELD,
     PREFIX,
     PageClient,
     PageViewer,
     authorize_action,
     back_to,
+    confirm_page,
     render,
 )
 from dataloader.dashboard.sessions import CSRF_FIELD
@@ -272,9 +274,22 @@ async def act(
     job_id: uuid.UUID,
     action: Literal["cancel", "retry"],
     csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
-) -> RedirectResponse:
-    """Cancel or retry the job (scope trigger, as in the API), then show it again."""
+    confirmed: Annotated[str, Form(alias=CONFIRM_FIELD)] = "",
+) -> Response:
+    """Cancel or retry the job (scope trigger, as in the API), then show it again. A cancel
+    not yet confirmed asks first, and changes nothing."""
     authorize_action(request, viewer, csrf_token, Scope.trigger)
+    if action == "cancel" and confirmed != "yes":
+        return confirm_page(
+            request,
+            viewer,
+            title=f"Cancel job {job_id}",
+            question=f"Cancel the job {job_id}? A queued job ends canceled; a running one is"
+            " asked to stop, and ends canceled once it does.",
+            action=f"{PREFIX}/jobs/{job_id}/cancel",
+            button="Yes, cancel it",
+            back=f"{PREFIX}/jobs/{job_id}",
+        )
     acting = client.acting_as(viewer.actor)
     try:
         await (acting.cancel if action == "cancel" else acting.retry)(job_id)

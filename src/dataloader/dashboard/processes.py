@@ -9,17 +9,19 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Form, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, Response
 
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.processes import Event, Process, ProcessStatus
 from dataloader.dashboard.common import (
+    CONFIRM_FIELD,
     PREFIX,
     PageClient,
     PageViewer,
     authorize_action,
     back_to,
+    confirm_page,
     render,
 )
 from dataloader.dashboard.sessions import CSRF_FIELD
@@ -134,13 +136,27 @@ async def act(
     process_id: str,
     args: Annotated[str, Form()] = "",
     csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
-) -> RedirectResponse:
+    confirmed: Annotated[str, Form(alias=CONFIRM_FIELD)] = "",
+) -> Response:
     """Call, repair (its scope: admin, as in the API) or remove a process; the page then says
-    what came of it."""
+    what came of it. A removal not yet confirmed asks first, and removes nothing."""
     needed = {"call": Scope.trigger, "repair": Scope.admin, "remove": Scope.admin}.get(action)
     if needed is None:
         raise HTTPException(404, f"no action {action!r}")
     authorize_action(request, viewer, csrf_token, needed)
+    page = f"{PREFIX}/processes/{quote(namespace, safe='')}/{quote(process_id, safe='')}"
+    if action == "remove" and confirmed != "yes":
+        return confirm_page(
+            request,
+            viewer,
+            title=f"Remove process {process_id}",
+            question=f"Remove the process {process_id!r} of namespace {namespace!r}? Its state,"
+            " its pending timer and its history are deleted; this cannot be undone.",
+            action=f"{PREFIX}/process-actions/remove/{quote(namespace, safe='')}"
+            f"/{quote(process_id, safe='')}",
+            button="Yes, remove it",
+            back=page,
+        )
     acting = client.acting_as(viewer.actor).processes
     try:
         if action == "remove":
@@ -155,7 +171,6 @@ async def act(
         said = f"{action} refused or failed: {exc}"
     except ProcessTimeout as exc:
         said = f"{action}: no response within {ACTION_WAIT_SEC:g}s; its task {exc.task_id} goes on"
-    page = f"{PREFIX}/processes/{quote(namespace, safe='')}/{quote(process_id, safe='')}"
     return back_to(f"{page}?said={_quote(said)}")
 
 
