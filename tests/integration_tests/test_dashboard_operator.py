@@ -163,3 +163,34 @@ async def test_remove_and_cancel_ask_first_and_act_once_confirmed(
     await page.get_by_role("button", name="Yes, cancel it").click()
     await page.locator("#job-status", has_text="canceled").wait_for()
     assert (await service.status(job_id))["status"] == "canceled"
+
+
+async def test_every_page_has_its_icon_and_no_console_error(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    job_id = await service.trigger(queue=IDLE, task="ui.nobody")
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on(
+        "response",
+        lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+    )
+    icons: list[str] = []
+    page.on("request", lambda r: icons.append(r.url) if "favicon" in r.url else None)
+    for path in (
+        "/ui",
+        "/ui/jobs",
+        f"/ui/jobs/{job_id}",
+        f"/ui/queues/{IDLE}",
+        "/ui/processes",
+        "/ui/workers",
+        "/ui/cron",
+    ):
+        await page.goto(f"{service.base_url}{path}", wait_until="networkidle")
+    assert icons, "no page asked for an icon"
+    assert errors == []
+    icon = await service.client.get("/favicon.ico")
+    assert (icon.status_code, icon.headers["content-type"]) == (200, "image/svg+xml")

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
@@ -56,9 +56,20 @@ def install_dashboard(
     ):
         app.include_router(page)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
+    app.add_api_route("/favicon.ico", _favicon, include_in_schema=False)
     app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(NewSession, _new_session)
     _pages_show_errors(app)
+
+
+async def _favicon() -> FileResponse:
+    """The icon, where a browser asks for one before it reads a page (or on a page that names
+    none, as the API's documentation): the pages name it in their heads too."""
+    return FileResponse(
+        HERE / "static" / "favicon.svg",
+        media_type="image/svg+xml",
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
 
 
 def _pages_show_errors(app: FastAPI) -> None:
