@@ -194,3 +194,31 @@ async def test_every_page_has_its_icon_and_no_console_error(
     assert errors == []
     icon = await service.client.get("/favicon.ico")
     assert (icon.status_code, icon.headers["content-type"]) == (200, "image/svg+xml")
+
+
+async def test_bidi_controls_in_a_jobs_text_are_shown_escaped(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    job_id = await service.trigger(
+        queue=IDLE,
+        task="ui.nobody",
+        args={"file": "report\u202efdp.exe"},
+        lock_key="key\u2066x",
+        idempotency_key="once\u202e1",
+    )
+    page = await browser.new_page()
+    await page.goto(f"{service.base_url}/ui/jobs/{job_id}")
+    assert '"file": "report\\u202efdp.exe"' in await page.locator("#job-args").inner_text()
+    shown = await page.locator("main").inner_text()
+    assert "key\\u2066x" in shown
+    assert "once\\u202e1" in shown
+    assert "\u202e" not in await page.content()
+    assert "\u2066" not in await page.content()
+
+    # a filter keeps what it was given: the list of its lock_key finds the job again
+    await page.goto(f"{service.base_url}/ui/jobs?lock_key=key%E2%81%A6x")
+    assert "key\\u2066x" in await page.locator("tbody").inner_text()
+    async with page.expect_navigation():
+        await page.get_by_role("button", name="Filter").click()
+    assert job_id in await page.locator("tbody").inner_text()

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from dataloader.client import Client
 from dataloader.config import Scope
@@ -62,8 +63,28 @@ def stamp(moment: datetime | None) -> str:
     return "—" if moment is None else display.stamp(moment)
 
 
+class Verbatim(str):
+    """Text a page gives back as it came (a filter's field holding what the viewer asked
+    for): `shown` leaves its controls alone, so that submitting the form again asks the same."""
+
+
+def shown(value: Any) -> Any:
+    """What every `{{ … }}` of every page (and live fragment) prints: text with its
+    bidirectional controls escaped (`display.visible`), whatever it holds (args, a result, an
+    error, a key, a queue's name), so that what is on screen reads as the text is; then
+    autoescaped as ever."""
+    if isinstance(value, Verbatim):
+        return value
+    if isinstance(value, Markup):  # already HTML: its escapes are plain ASCII
+        return Markup(display.visible(str(value)))
+    if isinstance(value, str):
+        return display.visible(value)
+    return value
+
+
+templates.env.finalize = shown
 templates.env.filters.update(
-    pretty_json=pretty_json, masked=masked, ago=ago, span=span, stamp=stamp
+    pretty_json=pretty_json, masked=masked, ago=ago, span=span, stamp=stamp, verbatim=Verbatim
 )
 
 
