@@ -222,3 +222,49 @@ async def test_bidi_controls_in_a_jobs_text_are_shown_escaped(
     async with page.expect_navigation():
         await page.get_by_role("button", name="Filter").click()
     assert job_id in await page.locator("tbody").inner_text()
+
+
+async def test_the_jobs_list_pages_back_to_newer_jobs_and_keeps_an_instant_with_an_offset(
+    launcher: Launcher, db_dsn: str, browser: Any
+) -> None:
+    service = await a_service(launcher, db_dsn)
+    newest_first = [await service.trigger(queue=IDLE, task="ui.nobody") for _ in range(120)]
+    newest_first.reverse()
+    page = await browser.new_page()
+
+    async def shown() -> list[str]:
+        return [text.strip() for text in await page.locator("tbody th").all_inner_texts()]
+
+    async def follow(name: str) -> None:
+        async with page.expect_navigation():
+            await page.get_by_role("link", name=name).click()
+
+    await page.goto(f"{service.base_url}/ui/jobs?queue={IDLE}")
+    assert await shown() == newest_first[:50]
+    assert await page.get_by_role("link", name="← Newer jobs").count() == 0
+    await follow("Older jobs →")
+    assert await shown() == newest_first[50:100]
+    await follow("Older jobs →")
+    assert await shown() == newest_first[100:]
+    assert await page.get_by_role("link", name="Older jobs →").count() == 0
+    await follow("← Newer jobs")
+    assert await shown() == newest_first[50:100]
+    await follow("← Newer jobs")
+    assert await shown() == newest_first[:50]
+    assert await page.get_by_role("link", name="← Newer jobs").count() == 0
+    await follow("Older jobs →")
+    await follow("Older jobs →")
+    await follow("« First page")
+    assert await shown() == newest_first[:50]
+
+    # an instant with an offset is shown in UTC, the same instant: filtering again keeps it
+    await page.goto(
+        f"{service.base_url}/ui/jobs?queue={IDLE}&created_from=2000-01-01T12:00%2B02:00"
+    )
+    field = page.get_by_label("created from (UTC)")
+    assert await field.input_value() == "2000-01-01T10:00"  # chromium drops ":00" seconds
+    async with page.expect_navigation():
+        await page.get_by_role("button", name="Filter").click()
+    assert "created_from=2000-01-01T10%3A00&" in page.url
+    assert await field.input_value() == "2000-01-01T10:00"
+    assert await shown() == newest_first[:50]

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -53,6 +54,11 @@ FILTERS = (
 INSTANT_FILTERS = ("created_from", "created_until")
 
 
+#: Pages of the list the way back to newer ones remembers (`Paging`); from further on, newer
+#: pages are reached from the first.
+BACK_PAGES = 50
+
+
 @dataclass(frozen=True, slots=True)
 class JobList:
     """A page of jobs and the filters that chose it."""
@@ -60,6 +66,39 @@ class JobList:
     filters: dict[str, str]
     page: JobPage
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Paging:
+    """The links from a page of the list to the others (None: no such page). Pages follow
+    each other by keyset (`Client.list`'s cursor), newest first; the way back is the cursors
+    of the pages before this one, carried along in the link (`back`, BACK_PAGES at most),
+    so that "newer" shows the page shown before, whatever was enqueued since."""
+
+    newer: str | None
+    older: str | None
+    first: str | None
+
+
+def paging_of(
+    filters: dict[str, str], cursor: str, back: str, next_cursor: str | None
+) -> Paging:
+    """The links of the page at `cursor` ("" the first) of the list of `filters`, reached
+    through the pages whose cursors `back` lists (oldest first, separated by dots), followed
+    by the page at `next_cursor` (None: this is the last)."""
+    stack = [c for c in back.split(".") if c][-BACK_PAGES:] if cursor else []
+
+    def link(at: str, behind: list[str]) -> str:
+        query = dict(filters)
+        if at:
+            query["cursor"] = at
+        if behind:
+            query["back"] = ".".join(behind[-BACK_PAGES:])
+        return f"{PREFIX}/jobs" + (f"?{urlencode(query)}" if query else "")
+
+    older = None if next_cursor is None else link(next_cursor, [*stack, cursor] if cursor else [])
+    newer = None if not cursor else link(stack[-1] if stack else "", stack[:-1])
+    return Paging(newer=newer, older=older, first=link("", []) if cursor else None)
 
 
 def list_filters(filters: dict[str, str]) -> dict[str, Any]:
@@ -80,6 +119,22 @@ def instant_of(name: str, text: str) -> datetime:
     except ValueError:
         raise ValueError(f"{name}: not a date and time like 2026-01-31T09:30") from None
     return instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+
+
+def field_value(name: str, value: str) -> str:
+    """What the list's form shows in the field of the filter `name` given `value`: an instant
+    in UTC, as a date and time field holds it (it holds no offset: `2026-01-01T12:00+02:00`
+    is shown `2026-01-01T10:00:00`, the same instant, so that filtering again keeps it);
+    anything else as given."""
+    if name not in INSTANT_FILTERS or not value:
+        return value
+    try:
+        instant = instant_of(name, value).astimezone(UTC)
+    except ValueError:
+        return value
+    # a date and time field takes milliseconds at most
+    shown = instant.strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{shown}.{instant.microsecond // 1000:03d}" if instant.microsecond else shown
 
 
 async def job_list_of(client: Client, filters: dict[str, str], cursor: str | None) -> JobList:
@@ -229,12 +284,20 @@ async def jobs(
     client: PageClient,
     viewer: PageViewer,
     cursor: Annotated[str, Query()] = "",
+    back: Annotated[str, Query()] = "",
 ) -> HTMLResponse:
-    """Jobs filtered by the query's `FILTERS`, newest first, a page after `cursor`."""
+    """Jobs filtered by the query's `FILTERS`, newest first, a page after `cursor` (reached
+    through the pages of `back`: see `paging_of`)."""
     filters = filters_of(request)
     listed = await job_list_of(client, filters, cursor)
     return render(
-        request, viewer, "jobs.html", listed=listed, statuses=[s.value for s in JobStatus]
+        request,
+        viewer,
+        "jobs.html",
+        listed=listed,
+        paging=paging_of(listed.filters, cursor, back, listed.page.next_cursor),
+        statuses=[s.value for s in JobStatus],
+        field_value=field_value,
     )
 
 
