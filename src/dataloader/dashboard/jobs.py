@@ -80,9 +80,7 @@ class Paging:
     first: str | None
 
 
-def paging_of(
-    filters: dict[str, str], cursor: str, back: str, next_cursor: str | None
-) -> Paging:
+def paging_of(filters: dict[str, str], cursor: str, back: str, next_cursor: str | None) -> Paging:
     """The links of the page at `cursor` ("" the first) of the list of `filters`, reached
     through the pages whose cursors `back` lists (oldest first, separated by dots), followed
     by the page at `next_cursor` (None: this is the last)."""
