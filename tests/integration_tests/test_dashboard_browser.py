@@ -89,7 +89,7 @@ async def test_cancel_a_queued_job_and_retry_a_failed_one(
     await page.get_by_role("button", name="Retry").click()
     await page.locator(".timeline .kind", has_text="retried").wait_for()
     journal = (await service.client.get(f"/api/v1/jobs/{failed}/events")).json()["events"]
-    assert [e["payload"]["by"] for e in journal if e["kind"] == "retried"] == ["api"]
+    assert [e["payload"]["by"] for e in journal if e["kind"] == "retried"] == ["dashboard"]
     await screenshot(page, "job-retried")
 
 

@@ -21,10 +21,31 @@ from dataloader.workers.job_context import JobContext
 from .browser import open_browser, require_chromium
 from .conftest import StartService
 from .procs import Launcher
-from .test_dashboard import signed_in
+from .test_dashboard import csrf_of, signed_in
 from .test_dashboard_browser import IDLE, a_service
 
 BUSY = "ui.busy"
+
+
+async def test_without_tokens_the_dashboards_actions_are_journalled_as_the_dashboard(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False)
+    job_id = await service.trigger(queue=IDLE, task="ui.a")
+    viewer = await signed_in(service)
+    csrf = csrf_of((await viewer.get(f"/ui/jobs/{job_id}")).text)
+    canceled = await viewer.post(
+        f"/ui/jobs/{job_id}/cancel", data={"csrf_token": csrf, "confirmed": "yes"}
+    )
+    assert canceled.status_code == 303
+    paused = await viewer.post(f"/ui/queues/{IDLE}/pause", data={"csrf_token": csrf})
+    assert paused.status_code == 303
+    journal = await service.dl.events(job_id)
+    assert [e.payload["by"] for e in journal if e.kind == "canceled"] == ["dashboard"]
+    assert [e.actor for e in await service.dl.queue_events(IDLE)] == ["dashboard"]
+    # the API's own changes are still the API's
+    await service.client.post(f"/api/v1/queues/{IDLE}/resume")
+    assert [e.actor for e in await service.dl.queue_events(IDLE)] == ["dashboard", "api"]
 
 
 @pytest.fixture

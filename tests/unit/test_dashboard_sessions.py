@@ -81,6 +81,6 @@ def test_without_tokens_every_session_is_an_admin_of_this_process() -> None:
     cookie = open_.anonymous()
     viewer = open_.viewer(cookie)
     assert viewer is not None
-    assert (viewer.name, viewer.scope, viewer.actor) == (None, Scope.admin, "api")
+    assert (viewer.name, viewer.scope, viewer.actor) == (None, Scope.admin, "dashboard")
     assert Sessions(tokens(), b"").viewer(cookie) is None  # another process's key
     assert of(AUTH).viewer(cookie) is None  # with tokens, an anonymous session is nobody

@@ -25,7 +25,7 @@ from typing import Final
 
 from fastapi import HTTPException, Request
 
-from dataloader.api.auth import UNAUTHENTICATED_ACTOR, Authenticator
+from dataloader.api.auth import Authenticator
 from dataloader.config import Scope
 
 #: The session cookie's name.
@@ -35,6 +35,8 @@ SESSION_SEC: Final = 12 * 3600
 #: The form field (and htmx header) carrying the CSRF token.
 CSRF_FIELD: Final = "csrf_token"
 CSRF_HEADER: Final = "X-CSRF-Token"
+#: Who acted, in the journal and audit logs, for a viewer without a token.
+DASHBOARD_ACTOR: Final = "dashboard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +50,9 @@ class Viewer:
 
     @property
     def actor(self) -> str:
-        """Who the journal and audit logs say acted: as the API says it."""
-        return UNAUTHENTICATED_ACTOR if self.name is None else f"token:{self.name}"
+        """Who the journal and audit logs say acted: the token's name as the API says it,
+        or, without tokens, `dashboard` (not the API's `api`: it tells the two apart)."""
+        return DASHBOARD_ACTOR if self.name is None else f"token:{self.name}"
 
     def may(self, scope: Scope) -> bool:
         return self.scope >= scope
