@@ -354,6 +354,106 @@ async def test_a_next_job_of_another_queue_is_put_back_not_handed(
     )
 
 
+#: A queue whose claims take nothing: paused, full (its limit of running jobs reached), or
+#: served by no process (no claim of it is ever made here).
+HELD = "parking-held"
+
+
+async def hold_queue(service: Service, protocol: WorkerProtocol, how: str) -> None:
+    """Keep HELD's jobs from being claimed, as `how` says."""
+    if how == "paused":
+        await service.dl.pause(HELD)
+    elif how == "full":
+        await service.dl.enqueue("demo.noop", queue=HELD, lock_key="filling")
+        (filling,) = await protocol.claim(HELD, 1, WORKER)
+        assert filling.lock_key == "filling"
+        await service.dl.set_limits(HELD, max_running=1)
+
+
+@pytest.mark.parametrize("how", ["paused", "full", "unserved"])
+@pytest.mark.parametrize("end", ["one_statement", "with_stages", "handing_off"])
+async def test_a_job_no_claim_takes_holds_back_no_parked_job_of_its_key_elsewhere(
+    start_service: StartService, conn: asyncpg.Connection, how: str, end: str
+) -> None:
+    """The key's next job in claim order waits in a queue whose claims take nothing (paused,
+    full, or served by nobody); a job of the key parked behind the running job in another
+    queue must run once that job ends, not wait for the first: the end puts back the first
+    job parked behind the key in each queue. Alike for the end written in one statement, with
+    stages, and asking for the next job of its key (not of its queue: nothing is handed)."""
+    service, protocol = await producer(start_service)
+    await hold_queue(service, protocol, how)
+    ahead = await service.dl.enqueue("demo.noop", queue=HELD, lock_key="k")
+    await enqueue(service, "k")
+    running = await claim_one(protocol)
+    behind = await enqueue(service, "k")  # parked at insert behind the running job
+    assert await parked(conn, behind) == "lock_key"
+
+    facts = running.facts()
+    ended = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+    stages = {running.job_id: [NewJob(queue=QUEUE, task="demo.noop")]}
+    applied = await protocol.finish(
+        [(running, facts, ended)],
+        WORKER,
+        hand_off=[running.job_id] if end == "handing_off" else (),
+        stages=stages if end == "with_stages" else None,
+    )
+    assert applied[running.job_id].state == "written"
+    assert protocol.handed_job(applied[running.job_id]) is None
+
+    assert await parked(conn, behind) is None
+    assert await parked(conn, ahead.job_id) is None  # still first in its own queue
+    claimed = await protocol.claim(QUEUE, 10, WORKER)
+    assert behind in [job.job_id for job in claimed]
+
+
+async def test_the_look_again_puts_back_each_queues_first_parked_job(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The look-again of an end under the key's parking lock (its snapshot held no next job,
+    or another session held it): with no job of the key running, the first job parked behind
+    the key in each queue goes back, though a job of the key is ready in another queue (one
+    no claim may take), and the queue excepted keeps its own."""
+    service, _ = await producer(start_service)
+    await service.dl.pause(HELD)
+    await service.dl.enqueue("demo.noop", queue=HELD, lock_key="k")
+    first, second = [await enqueue(service, "k") for _ in range(2)]
+    third = await service.dl.enqueue("demo.noop", queue="parking-3", lock_key="k")
+    await conn.execute(
+        "UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = ANY($1::uuid[])",
+        [first, second, third.job_id],
+    )
+    async with conn.transaction():
+        assert await conn.fetchval("SELECT dl_put_back_parked('k', 'parking-3')") == QUEUE
+    assert [await parked(conn, j) for j in (first, second, third.job_id)] == [
+        None,
+        "lock_key",
+        "lock_key",
+    ]
+    async with conn.transaction():  # as processes of the version before call it
+        assert await conn.fetchval("SELECT dl_parked_unseen('k')") == "parking-3"
+    assert await parked(conn, third.job_id) is None
+    assert await parked(conn, second) == "lock_key"  # behind `first`, ready in its queue
+
+
+async def test_the_reaper_puts_back_a_parked_job_though_its_key_is_ready_elsewhere(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """The sweep of stranded jobs looks at each queue of a key apart: a job of the key ready
+    in a paused queue holds back none parked in another, with nothing of the key running."""
+    service, protocol = await producer(start_service)
+    await service.dl.pause(HELD)
+    await service.dl.enqueue("demo.noop", queue=HELD, lock_key="k")
+    stranded = [await enqueue(service, "k") for _ in range(2)]
+    await conn.execute(
+        "UPDATE dl_jobs SET parked = 'lock_key' WHERE job_id = ANY($1::uuid[])", stranded
+    )
+    reaper = Reaper(protocol, "test-reaper")
+    assert await reaper.put_back_stranded() == 1
+    assert [await parked(conn, j) for j in stranded] == [None, "lock_key"]
+    assert await reaper.put_back_stranded() == 0  # stranded[0] is ready: the rest wait for it
+    assert (await claim_one(protocol)).job_id == stranded[0]
+
+
 async def test_a_job_parked_while_its_keys_end_is_written_is_put_back(
     start_service: StartService, conn: asyncpg.Connection
 ) -> None:
@@ -693,10 +793,12 @@ async def _at_least(conn: asyncpg.Connection, waiters: int) -> bool:
 async def test_a_cancel_of_the_next_job_waits_for_a_staged_end_that_found_it(
     start_service: StartService, conn: asyncpg.Connection, db_dsn: str
 ) -> None:
-    """An end in several statements (with stages) finds the next job of its key and has not
-    committed; a job is parked at insert behind the job it ended, which still runs to
-    everyone else; a client cancels the next job. The end holds that job until it commits, so
-    the cancel is written after, and then finds the job parked at insert and puts it back."""
+    """An end in several statements (with stages) has written its job's outcome and not
+    committed; a job is parked at insert behind that job, which still runs to everyone else;
+    the end finds the next job of its key (not the one parked at insert, which its snapshot
+    may miss); a client cancels the next job. The end holds that job until it commits, so
+    the cancel is written after, and then finds the job parked at insert and puts it back.
+    Once the end has looked, it holds the key's parking lock: an insert then parks nothing."""
     service, protocol = await producer(start_service)
     await enqueue(service, "k")
     following = await enqueue(service, "k")
@@ -712,9 +814,12 @@ async def test_a_cancel_of_the_next_job_waits_for_a_staged_end_that_found_it(
                 actor_role="worker",
                 actor=WORKER,
             )
-            await release_keys(ending, written, actor=WORKER)
             late = await enqueue(service, "k")  # committed at once, parked behind the job
             assert await parked(conn, late) == "lock_key"
+            await release_keys(ending, written, actor=WORKER)
+            assert await parked(conn, late) == "lock_key"  # behind the next job, in its queue
+            later = await enqueue(service, "k")
+            assert await parked(conn, later) is None
             row = await conn.fetchrow(*queries.JOB_FACTS.bind(job_id=following))
             following_facts = facts_of(row)
             cancel = [(Fence(following, following_facts), on_cancel(following_facts))]

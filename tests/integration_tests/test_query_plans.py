@@ -560,3 +560,31 @@ async def test_the_saves_of_steps_find_their_processes_by_primary_key(
 def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     """`node` and every node under it."""
     return [node, *(n for child in node.get("Plans", ()) for n in _nodes(child))]
+
+
+async def test_the_sweep_of_stranded_jobs_skips_from_queue_to_queue_of_each_key(
+    db_dsn: str,
+) -> None:
+    """The reaper's sweep reads the (key hash, queue) pairs of parked jobs by a skip scan of
+    their index, one probe per pair: 20,000 jobs parked behind one key in one queue cost it
+    two probes, never a read of them all."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, parked) "
+            "SELECT gen_random_uuid(), 'q', 't', 'hot', 'lock_key' FROM generate_series(1, 20000)"
+        )
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key, status) "
+            "VALUES (gen_random_uuid(), 'q', 't', 'hot', 'running')"
+        )
+        await conn.execute("ANALYZE dl_jobs")
+        statement, *args = queries.PUT_BACK_STRANDED.bind(limit=500)
+        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+    finally:
+        await conn.close()
+    scans = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "dl_jobs"]
+    assert all(n["Node Type"] != "Seq Scan" for n in scans), plan
+    pairs = [n for n in scans if n.get("Index Name") == "ix_dl_jobs_parked_lock_hash"]
+    assert pairs, plan
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in pairs) <= 4, plan

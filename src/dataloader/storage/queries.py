@@ -35,13 +35,14 @@ CANCEL_CHANNEL: Final = "dl_jobs_cancel"
 #: lock of the key (migration 0029): for each key of the insert that a running job holds in
 #: its snapshot, dl_park_behind tries the lock shared (held exclusively: an end is under way,
 #: and nothing is parked) and then looks, in a snapshot taken after it, whether a job of the
-#: key still runs; the insert holds the lock until it commits. An end that frees a key and did
-#: not write its next job takes the lock exclusively and looks again, in a snapshot taken after
-#: it, for a job parked so (dl_parked_unseen, from _WAKE's `unseen` and SET_JOB_STATES's
-#: `again`). No row is locked: heartbeats never wait for an insert. The caller asks for this
-#: only when the insert commits at once, is of at most PARKING_BATCH_MAX jobs with ids of our
-#: making, and no job of it has an idempotency_key: nothing keeps it waiting while it holds
-#: the lock, and an end of its keys waits for it no longer than its statement.
+#: key still runs; the insert holds the lock until it commits. An end that frees a key and
+#: does not hand off its next job takes the lock exclusively and looks again, in a snapshot
+#: taken after it, for a job parked so, in each queue (dl_put_back_parked, migration 0030, from
+#: _WAKE's `unseen` and SET_JOB_STATES's `again`). No row is locked: heartbeats never wait
+#: for an insert. The caller asks for this only when the insert commits at once, is of at
+#: most PARKING_BATCH_MAX jobs with ids of our making, and no job of it has an
+#: idempotency_key: nothing keeps it waiting while it holds the lock, and an end of its keys
+#: waits for it no longer than its statement.
 
 #: Insert one job unless its idempotency_key exists; journal `queued` (with `actor` as `by`) in
 #: the same statement. A job without a lock_key (NULL) is `lock_free`, stored with key ''.
@@ -761,39 +762,43 @@ SELECT (SELECT count(*) FROM due) AS put_back,
           AND d.available_at > now()) AS next_due_in
 """)
 
-#: Put back (into the claim's order) the first job, in claim order, of each lock_key hash that
-#: has jobs parked behind a running job but none running nor ready: the end of a running job
-#: puts its key's next job back itself, so this only finds what was changed by hand (a running
-#: job deleted, a status set in SQL). The hashes are read by a skip scan of
-#: ix_dl_jobs_parked_lock_hash, at most `limit` of them per call. Wakes each queue concerned;
-#: returns the jobs put back.
+#: Put back (into the claim's order) the first job, in claim order, parked behind each lock_key
+#: hash in each queue where it has none ready, while no job of the hash runs: the end of a
+#: running job puts back its key's parked jobs itself (the first of each queue), so this only
+#: finds what was changed by hand (a running job deleted, a status set in SQL), or a parked job
+#: another session held as an end looked. A job of the hash ready in another queue holds none
+#: of this one's back: that queue may be paused, or served by nobody. The (hash, queue) pairs
+#: are read by a skip scan of ix_dl_jobs_parked_lock_hash (0030), at most `limit` of them per
+#: call. Wakes each queue concerned; returns the jobs put back.
 PUT_BACK_STRANDED: Final = Statement("""
-WITH RECURSIVE hashes AS (
-    (SELECT hashtext(lock_key) AS h FROM dl_jobs
+WITH RECURSIVE pairs AS (
+    (SELECT hashtext(lock_key) AS h, queue AS q FROM dl_jobs
      WHERE status = 'queued' AND parked = 'lock_key'
-     ORDER BY 1 LIMIT 1)
+     ORDER BY 1, 2 LIMIT 1)
     UNION ALL
-    SELECT (SELECT hashtext(j.lock_key) FROM dl_jobs j
-            WHERE j.status = 'queued' AND j.parked = 'lock_key' AND hashtext(j.lock_key) > hashes.h
-            ORDER BY 1 LIMIT 1)
-    FROM hashes WHERE hashes.h IS NOT NULL
+    SELECT n.h, n.q FROM pairs CROSS JOIN LATERAL (
+        SELECT hashtext(j.lock_key) AS h, j.queue AS q FROM dl_jobs j
+        WHERE j.status = 'queued' AND j.parked = 'lock_key'
+          AND (hashtext(j.lock_key), j.queue) > (pairs.h, pairs.q)
+        ORDER BY 1, 2 LIMIT 1
+    ) AS n
 ), stranded AS (
-    SELECT hashes.h FROM hashes
-    WHERE hashes.h IS NOT NULL
-      AND NOT (SELECT EXISTS (
+    SELECT pairs.h, pairs.q FROM pairs
+    WHERE NOT (SELECT EXISTS (
           SELECT 1 FROM dl_jobs r
-          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = hashes.h
+          WHERE (r.status = 'running') IS TRUE AND hashtext(r.lock_key) = pairs.h
             AND NOT r.lock_free))
-      AND NOT (SELECT EXISTS (  -- nor any ready to run
+      AND NOT (SELECT EXISTS (  -- nor any ready to run in this queue
           SELECT 1 FROM dl_jobs q
-          WHERE q.status = 'queued' AND hashtext(q.lock_key) = hashes.h AND q.parked IS NULL
-            AND NOT q.lock_free))
+          WHERE q.status = 'queued' AND hashtext(q.lock_key) = pairs.h AND q.queue = pairs.q
+            AND q.parked IS NULL AND NOT q.lock_free))
     LIMIT :limit
 ), first_parked AS (
-    SELECT (SELECT q.job_id FROM dl_jobs q
-            WHERE q.status = 'queued' AND hashtext(q.lock_key) = stranded.h
-              AND q.parked = 'lock_key' AND NOT q.lock_free
-            ORDER BY q.priority, q.created_at, q.job_id LIMIT 1) AS job_id
+    SELECT (SELECT p.job_id FROM dl_jobs p
+            WHERE p.status = 'queued' AND p.parked = 'lock_key'
+              AND hashtext(p.lock_key) = stranded.h AND p.queue = stranded.q
+            ORDER BY hashtext(p.lock_key), p.queue, p.priority, p.created_at, p.job_id
+            LIMIT 1) AS job_id
     FROM stranded
 ), put_back AS (
     UPDATE dl_jobs j SET parked = NULL
@@ -1054,8 +1059,8 @@ SET_JOB_STATES: Final = Statement(
 ), again AS (
     -- a key freed with no next job in this snapshot, for which WAKE_LOCK_WAITERS will not
     -- run: a job parked behind it as it was inserted, after this snapshot, is looked for
-    -- again here, as _WAKE's `unseen` does
-    SELECT dl_parked_unseen(k.lock_key) AS put_back_to
+    -- again here, in each queue, as _WAKE's `unseen` does
+    SELECT dl_put_back_parked(k.lock_key, NULL) AS put_back_to
     FROM (SELECT DISTINCT ON (hashtext(w.lock_key)) w.lock_key
           FROM waiting w
           WHERE w.frees AND NOT w.waiter
@@ -1139,6 +1144,14 @@ _NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
     ) AS latest ON true"""
 )
 
+#: Whether a dl_queues row `p` keeps a job handed to a worker from running now: its queue is
+#: paused, or its claims count against limits (such a job goes back into the claim's order
+#: instead).
+_QUEUE_CLOSED: Final = (
+    "(p.paused OR p.max_running IS NOT NULL OR p.max_running_per_partition IS NOT NULL"
+    " OR p.max_per_second IS NOT NULL)"
+)
+
 #: The next job of each key freed is put back into the claim's order if it was parked, unless
 #: HAND_OFF_NEXT is to take it (the finished job is `handing`, and the next job of the same
 #: queue: _HAND_OFF puts it back itself when it does not hand it off): two parts of one
@@ -1147,8 +1160,10 @@ _NEXT_UP_LOCKED = _NEXT_UP_SEARCH.format(
 #: whichever replica serves it, unless `wakes_own_queue` (a worker, which serves the finished
 #: job's queue and wakes it itself) and it is of the same queue; and a next job whose lock_key
 #: differs from the finished one's (the same hashtext) is journalled `lock_key_collision`
-#: (`woken`: each finished job whose next job was woken, and whether it collided).
-_WAKE = """
+#: (`woken`: each finished job whose next job was woken, and whether it collided). Every
+#: other key freed, unless HAND_OFF_NEXT takes its next job (it is held again), is looked at
+#: once more, in each queue (`unseen`, below).
+_WAKE = f"""
 , wake_put_back AS (
     -- by its primary key: a status test an index could serve let stale statistics send this
     -- through the spec's claim index, reading every queued job of the queue
@@ -1172,16 +1187,29 @@ _WAKE = """
            END AS collision
     FROM next_up n
     WHERE n.left_running
+), handed_over AS (
+    -- the freed keys whose next job HAND_OFF claims for the worker (see _HAND_OFF): they are
+    -- held again as this statement commits
+    SELECT n.job_id FROM next_up n
+    WHERE n.handing AND n.next_queue = n.queue AND n.writable
+      AND NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
+                              WHERE p.queue = n.next_queue AND {_QUEUE_CLOSED}))
 ), unseen AS (
-    -- a key freed whose next job this statement did not write (its snapshot holds none, or
-    -- another session holds it, maybe ending it): a job parked behind the key as it was
-    -- inserted, after that snapshot, is looked for again (dl_parked_unseen, migration 0029:
-    -- see Parking at insert), each key once, in the order of their hashes (the function
-    -- takes a lock of each: two ends never take them in crossing orders)
-    SELECT dl_parked_unseen(k.lock_key) AS put_back_to
-    FROM (SELECT DISTINCT ON (hashtext(f.lock_key)) f.lock_key
+    -- every other key freed: in each queue but the one its next job heads (put back or woken
+    -- above), the first job parked behind the key goes back, so that a next job no claim
+    -- takes (a paused queue, a full one, one nobody serves) holds back no other queue's; and
+    -- a job parked behind the key as it was inserted, after this snapshot, is seen
+    -- (dl_put_back_parked, migration 0030: see Parking at insert). Each key once, in the order
+    -- of their hashes (the function takes a lock of each: two ends never take them in
+    -- crossing orders); the sort reads every freed job first, so the jobs this statement
+    -- ends are written before the function looks.
+    SELECT dl_put_back_parked(k.lock_key, k.except_queue) AS put_back_to
+    FROM (SELECT DISTINCT ON (hashtext(f.lock_key)) f.lock_key,
+                 (SELECT max(n.next_queue) FROM next_up n
+                  WHERE n.writable AND hashtext(n.lock_key) = hashtext(f.lock_key))
+                     AS except_queue
           FROM freed f
-          WHERE f.job_id NOT IN (SELECT n.job_id FROM next_up n WHERE n.writable)
+          WHERE f.job_id NOT IN (SELECT job_id FROM handed_over)
           ORDER BY hashtext(f.lock_key)) AS k
 )"""
 
@@ -1193,14 +1221,11 @@ _WAKE = """
 #: claim or a wake-up between them. Its token is the md5 of `claim_seed` and the finished job's
 #: id, which the worker knows (see RECOVER_CLAIMS). `handed`: each, as CLAIM_JOBS returns a
 #: job, after the finished job's id (`after`).
-_HAND_OFF = """
+_HAND_OFF = f"""
 , hand_next AS (
     SELECT n.job_id, n.next_id, n.parked,
            NOT (SELECT EXISTS (SELECT 1 FROM dl_queues p
-                               WHERE p.queue = n.next_queue
-                                 AND (p.paused OR p.max_running IS NOT NULL
-                                      OR p.max_running_per_partition IS NOT NULL
-                                      OR p.max_per_second IS NOT NULL))) AS open
+                               WHERE p.queue = n.next_queue AND {_QUEUE_CLOSED})) AS open
     FROM next_up n
     WHERE n.handing AND n.next_queue = n.queue AND n.writable
 ), hand_put_back AS (

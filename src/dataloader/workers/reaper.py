@@ -70,8 +70,10 @@ class Reaper:
         return next_pass_in(jittered(period_sec), self.due_in, presence_period_sec)
 
     async def put_back_stranded(self) -> int:
-        """Put back jobs parked behind a lock_key no job holds any more (only a change made by
-        hand strands them: the end of a job puts its key's next job back); how many."""
+        """Put back jobs parked behind a lock_key no job holds any more, the first of each
+        queue with no job of the key ready (only a change made by hand, or a parked job held
+        by another session as an end looked, strands them: the end of a job puts back its
+        key's parked jobs); how many."""
         put_back = await self._protocol.put_back_stranded(BATCH)
         for job_id in put_back:
             log.warning("job %s was parked behind a lock_key nobody holds: put back", job_id)
