@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from dataloader.base import JobStatus
+from dataloader.core.due import PutBack
 from dataloader.core.models import NewJob, new_job_id
 from dataloader.core.retry import Linear
 from dataloader.core.transitions import Ended, Outcome, after_attempt, on_cancel
@@ -67,7 +68,7 @@ async def test_a_delayed_job_is_parked_until_due_then_put_back_and_claimed(
     service, protocol = await producer(start_service)
     job = await enqueue(service, "k", available_at=timedelta(hours=1))
     assert await parked(conn, job) == "delayed"
-    assert await protocol.put_back_due(QUEUE, 10) == (0, pytest.approx(3600, abs=60))
+    assert await protocol.put_back_due(QUEUE, 10) == PutBack(0, pytest.approx(3600, abs=60))
     # the claim walks nothing, and tells when the parked job is due
     assert await protocol.claim_round(QUEUE, 10, WORKER, walk=10) == ClaimRound(
         [], [], exhausted=True, next_due_in=pytest.approx(3600, abs=60)
@@ -80,9 +81,35 @@ async def test_a_delayed_job_is_parked_until_due_then_put_back_and_claimed(
     due = (await protocol.claim_round(QUEUE, 10, WORKER, walk=10)).next_due_in
     assert due is not None
     assert -60 < due <= 0
-    assert await protocol.put_back_due(QUEUE, 10) == (1, None)
+    assert await protocol.put_back_due(QUEUE, 10) == PutBack(1, None)
     assert await parked(conn, job) is None
     assert (await claim_one(protocol)).job_id == job
+
+
+async def test_a_put_back_says_whether_it_left_due_jobs_parked(
+    start_service: StartService, conn: asyncpg.Connection, db_dsn: str
+) -> None:
+    """A due delayed job another session holds is left parked, and the put back says so (the
+    claim loop then tries again a second later rather than at once); one put back is not
+    counted as left, nor is one not due yet."""
+    service, protocol = await producer(start_service)
+    held, taken = [await enqueue(service, "k", available_at=timedelta(hours=1)) for _ in "ab"]
+    await enqueue(service, "k", available_at=timedelta(hours=2))
+    await conn.execute(
+        "UPDATE dl_jobs SET available_at = now() - interval '1 second'"
+        " WHERE job_id = ANY($1::uuid[])",
+        [held, taken],
+    )
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM dl_jobs WHERE job_id = $1 FOR UPDATE", held)
+            left = await protocol.put_back_due(QUEUE, 10)
+    finally:
+        await holder.close()
+    assert left == PutBack(1, pytest.approx(7200, abs=60), held=True)
+    assert await protocol.put_back_due(QUEUE, 10) == PutBack(1, pytest.approx(7200, abs=60))
+    assert await protocol.put_back_due(QUEUE, 1) == PutBack(0, pytest.approx(7200, abs=60))
 
 
 async def test_jobs_of_a_running_lock_key_are_parked_and_put_back_one_by_one(

@@ -29,6 +29,7 @@ from typing import Any, Protocol, Self, TypeVar
 from asyncpg import Record
 
 from dataloader.base import JobStatus
+from dataloader.core.due import PutBack
 from dataloader.core.models import NewJob
 from dataloader.core.transitions import JobFacts, Transition
 from dataloader.storage import queries
@@ -359,12 +360,13 @@ class WorkerProtocol:
         )
         return parked
 
-    async def put_back_due(self, queue: str, limit: int) -> tuple[int, float | None]:
-        """Put back up to `limit` delayed jobs of `queue` that have come due: how many, and in
-        how many seconds the next parked one comes due (None: none is parked delayed)."""
+    async def put_back_due(self, queue: str, limit: int) -> PutBack:
+        """Put back up to `limit` delayed jobs of `queue` that have come due: how many, in how
+        many seconds the next parked one comes due, and whether due ones were left parked."""
         row = await self.db.fetchrow(*queries.PUT_BACK_DUE.bind(queue=queue, limit=limit))
         assert row is not None
-        return row["put_back"], row["next_due_in"]
+        count = row["put_back"]
+        return PutBack(count, row["next_due_in"], held=row["held"], full=count >= limit)
 
     @staticmethod
     def _claimed(rows: list[Record]) -> list[ClaimedJob]:

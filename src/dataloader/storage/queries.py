@@ -743,7 +743,9 @@ SELECT count(*) FROM parked
 """)
 
 #: Put back (into the claim's order) up to `limit` delayed jobs of `queue` that have come due,
-#: and say in how many seconds the next one comes due (NULL: none is parked delayed).
+#: say in how many seconds the next one comes due (NULL: none is parked delayed), and whether
+#: due ones were left parked (`held`: another session held them, or the limit was reached;
+#: the statement's snapshot still shows those it put back parked, so they are left out).
 PUT_BACK_DUE: Final = Statement("""
 WITH due AS (
     UPDATE dl_jobs j SET parked = NULL
@@ -759,7 +761,11 @@ WITH due AS (
 SELECT (SELECT count(*) FROM due) AS put_back,
        (SELECT EXTRACT(EPOCH FROM min(d.available_at) - now())::float8 FROM dl_jobs d
         WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
-          AND d.available_at > now()) AS next_due_in
+          AND d.available_at > now()) AS next_due_in,
+       (SELECT EXISTS (SELECT 1 FROM dl_jobs d
+                       WHERE d.status = 'queued' AND d.queue = :queue AND d.parked = 'delayed'
+                         AND d.available_at <= now()
+                         AND d.job_id NOT IN (SELECT job_id FROM due))) AS held
 """)
 
 #: Put back (into the claim's order) the first job, in claim order, parked behind each lock_key

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from dataloader import metrics
+from dataloader.core.due import PutBack, next_put_back_at
 from dataloader.core.processes import namespace_of
 from dataloader.storage.db import CONNECTION_ERRORS
 from dataloader.storage.protocol import ClaimedJob
@@ -29,9 +30,6 @@ log = logging.getLogger(__name__)
 #: The most jobs one claim walks (locking each) after the last one parked some: a run of
 #: 50,000 jobs of a running lock_key is parked in about ten claims.
 MAX_WALK = 10_000
-#: How long to wait before putting back again delayed jobs that are due but were not put back
-#: (held by another session meanwhile), instead of trying again at once.
-DUE_RETRY_SEC = 1.0
 #: Delayed jobs come due put back per statement.
 PUT_BACK_BATCH = 1000
 #: Weight of the newest measure in the estimates of `ClaimPace`.
@@ -146,9 +144,10 @@ class QueueClaims:
             self.answered += 1
             if claim.jobs:
                 _time_process_scans(claim.jobs, time.perf_counter() - started)
-            self._due_at = _due_at(now, claim.next_due_in)
-            if put_back == 0 and self._due_at <= now:
-                self._due_at = now + DUE_RETRY_SEC  # held elsewhere: not a spin
+            # armed from the claim's answer, which came after the database read its clock:
+            # the timer never wakes the loop before the job is due by that clock
+            answered = time.monotonic()
+            self._due_at = next_put_back_at(answered, put_back, claim.next_due_in)
             parked = await self._rt.protocol.park(claim.blocked) if claim.blocked else 0
         except BaseException:
             self._due_at = 0.0  # unknown: look again
@@ -160,11 +159,11 @@ class QueueClaims:
             # again at once (that would spin): a job leaving `running` wakes the worker
             more=bool(
                 parked
-                or put_back
-                or self._due_at <= now
+                or (put_back is not None and put_back.count)
+                or self._due_at <= answered
                 or (not claim.exhausted and (claim.jobs or not claim.held))
             ),
-            moved=bool(claim.jobs or parked or put_back),
+            moved=bool(claim.jobs or parked or (put_back is not None and put_back.count)),
             held=claim.held,
         )
 
@@ -179,15 +178,12 @@ class QueueClaims:
         poll = jittered(self._rt.settings.poll_interval_sec)
         return max(0.0, min(poll, self._due_at - time.monotonic() + 0.001))
 
-    async def _put_back_due(self, now: float) -> int | None:
+    async def _put_back_due(self, now: float) -> PutBack | None:
         """Put back the queue's delayed jobs that have come due, when the last claim said one
-        is; how many, or None when none was due."""
+        is (see `core.due`); what it did, or None when none was due."""
         if now < self._due_at:
             return None
-        put_back, due_in = await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
-        # more may be due already when a whole batch was put back
-        self._due_at = now if put_back >= PUT_BACK_BATCH else _due_at(now, due_in)
-        return put_back
+        return await self._rt.protocol.put_back_due(self.queue, PUT_BACK_BATCH)
 
 
 def _time_process_scans(jobs: list[ClaimedJob], seconds: float) -> None:
@@ -203,11 +199,6 @@ def _time_process_scans(jobs: list[ClaimedJob], seconds: float) -> None:
             seen.add((namespace, timer))
             stage = "timers_scanning" if timer else "calls_scanning"
             metrics.observe_process_stage(stage, namespace, seconds)
-
-
-def _due_at(now: float, due_in: float | None) -> float:
-    """When (monotonic) a job due in `due_in` seconds (None: no job) is due."""
-    return float("inf") if due_in is None else now + due_in
 
 
 def _unexpected(exc: BaseException) -> bool:
