@@ -151,6 +151,34 @@ class ApiToken(BaseModel):
         raise ValueError(f"must be one of {', '.join(Scope.__members__)}")
 
 
+#: The shortest DL_SESSION_SECRET accepted.
+SESSION_SECRET_MIN_CHARS = 32
+
+
+def _origin(text: str) -> str:
+    """An origin as browsers send it (`scheme://host[:port]`, lower case, no path), or a
+    ValueError naming what is wrong with `text`."""
+    parts = urlsplit(text.strip().lower())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+        or port == -1
+    ):
+        raise ValueError(
+            f"{text!r} is not an origin: scheme://host[:port] with nothing after it,"
+            " e.g. https://ops.example.com"
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def _json_list(value: Any, example: str) -> Any:
     """Parse a JSON list given as a string (an environment variable)."""
     if isinstance(value, str):
@@ -386,6 +414,17 @@ class Settings(BaseSettings):
         le=1_073_741_824,
         description="Larger request bodies are refused with 413 before they are read whole.",
     )
+    http_allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated origins (https://ops.example.com) of front-ends on other"
+        " sites that may change things through the API (and read its answers: CORS); any"
+        " other site's request that would change something is refused with 403.",
+    )
+    session_secret: SecretStr | None = Field(
+        default=None,
+        description="The key that signs the dashboard's sessions (at least 32 characters),"
+        " the same for every replica; unset: one made once and kept in the database.",
+    )
 
     @field_validator("db_dsn", "target_dsn")
     @classmethod
@@ -459,6 +498,28 @@ class Settings(BaseSettings):
                 if queue in seen:
                     raise ValueError(f"queue {queue!r} is listed twice")
                 seen.add(queue)
+        return value
+
+    @field_validator("http_allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("http_allowed_origins")
+    @classmethod
+    def _check_origins(cls, value: list[str]) -> list[str]:
+        return [_origin(origin) for origin in value]
+
+    @field_validator("session_secret")
+    @classmethod
+    def _long_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < SESSION_SECRET_MIN_CHARS:
+            raise ValueError(
+                f"must be at least {SESSION_SECRET_MIN_CHARS} characters (e.g. openssl rand"
+                " -hex 32): a short key is guessable"
+            )
         return value
 
     @field_validator("pipeline_modules", mode="before")

@@ -15,6 +15,7 @@ import socket
 
 import asyncpg
 
+from dataloader.api import SESSION_SECRET_NAME
 from dataloader.core import limits
 from dataloader.core.processes import NAMESPACE_MAX_BYTES, PROCESS_ID_MAX_BYTES
 from dataloader.core.queues import THROUGHPUT_KINDS
@@ -54,6 +55,7 @@ BOUNDED: dict[tuple[str, str], int] = {
     ("dl_processes", "status"): OWN_NAME_MAX_BYTES,
     ("dl_workers", "worker_id"): WORKER_ID_MAX_BYTES,
     ("dl_leases", "name"): OWN_NAME_MAX_BYTES,
+    ("dl_secrets", "name"): OWN_NAME_MAX_BYTES,
     ("dl_maintenance_runs", "task"): OWN_NAME_MAX_BYTES,
     ("dl_queue_throughput", "kind"): OWN_NAME_MAX_BYTES,
 }
@@ -99,5 +101,12 @@ async def test_every_indexed_text_is_bounded_in_bytes_or_hashed(conn: asyncpg.Co
 def test_the_bounds_of_dataloaders_own_names_hold() -> None:
     """The bounds above of values dataloader writes itself are those of what it writes."""
     assert len(socket.gethostname().encode()) <= HOST_NAME_MAX_BYTES
-    own = [MAINTENANCE_LEASE, "reaper", "pruner", "cron", *THROUGHPUT_KINDS.values()]
+    own = [
+        MAINTENANCE_LEASE,
+        "reaper",
+        "pruner",
+        "cron",
+        SESSION_SECRET_NAME,
+        *THROUGHPUT_KINDS.values(),
+    ]
     assert max(len(name.encode()) for name in own) <= OWN_NAME_MAX_BYTES

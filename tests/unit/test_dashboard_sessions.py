@@ -28,8 +28,12 @@ def tokens(*pairs: tuple[str, str, str]) -> Authenticator:
 AUTH = tokens(("viewer", "read", READ), ("ops", "admin", ADMIN))
 
 
-def of(auth: Authenticator) -> Sessions:
-    return Sessions(auth, auth.key_material)
+#: The deployment's secret (DL_SESSION_SECRET, or the one kept in the database).
+SECRET = b"the-deployments-secret-0123456789abcdef"
+
+
+def of(auth: Authenticator, secret: bytes = SECRET) -> Sessions:
+    return Sessions(auth, lambda: secret)
 
 
 def test_a_session_names_its_token_and_never_holds_it() -> None:
@@ -76,11 +80,19 @@ def test_each_session_has_its_own_csrf_token() -> None:
     assert a.csrf == of(AUTH).viewer(first).csrf  # type: ignore[union-attr]
 
 
-def test_without_tokens_every_session_is_an_admin_of_this_process() -> None:
-    open_ = Sessions(tokens(), b"")
+def test_without_tokens_every_session_is_an_admin_of_the_deployment() -> None:
+    open_ = of(tokens())
     cookie = open_.anonymous()
     viewer = open_.viewer(cookie)
     assert viewer is not None
     assert (viewer.name, viewer.scope, viewer.actor) == (None, Scope.admin, "dashboard")
-    assert Sessions(tokens(), b"").viewer(cookie) is None  # another process's key
+    # another replica (or this one restarted) shares the secret: the session holds there
+    assert of(tokens()).viewer(cookie) == viewer
+    assert of(tokens(), b"another-deployments-secret-0123456789").viewer(cookie) is None
     assert of(AUTH).viewer(cookie) is None  # with tokens, an anonymous session is nobody
+
+
+def test_the_key_needs_the_secret_and_the_tokens() -> None:
+    cookie = of(AUTH).sign_in(ADMIN)
+    assert of(AUTH).viewer(cookie) is not None
+    assert of(AUTH, b"another-deployments-secret-0123456789").viewer(cookie) is None

@@ -7,15 +7,22 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from dataloader.api.auth import Authenticator
 from dataloader.api.live import LiveTasks
-from dataloader.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from dataloader.api.middleware import (
+    REQUEST_ID_HEADER,
+    BodyLimitMiddleware,
+    RequestContextMiddleware,
+)
 from dataloader.api.openapi import install_openapi
+from dataloader.api.origins import CrossSiteGuard
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
+from dataloader.api.parameters import storable_parameters
 from dataloader.api.v1.exceptions import install_exception_handlers
 from dataloader.api.v1.processes import router as processes_router
 from dataloader.api.v1.processes import tasks_router as process_tasks_router
@@ -28,6 +35,8 @@ from dataloader.config import Settings
 from dataloader.contract import ContractGuard, load_contract_file
 from dataloader.logger.summary import Summary, request_summary
 from dataloader.runner import Runner
+from dataloader.storage.connections import GuardedPool
+from dataloader.storage.secrets import SecretStore
 from dataloader.tasks import TaskRegistry
 from dataloader.tasks import registry as default_registry
 
@@ -60,6 +69,7 @@ def create_app(
             app.state.jobs_service = JobsService(runner.client, settings, live_tasks, contract)
             app.state.manager = runner.manager
             app.state.client = runner.client
+            app.state.session_secret = await _session_secret(settings, runner)
             yield
 
     # /docs and /redoc load Swagger UI and ReDoc from files installed with the service, so
@@ -70,11 +80,22 @@ def create_app(
         description="PostgreSQL job queue: trigger, watch and cancel long-running jobs.",
         lifespan=lifespan,
         static_url=DOCS_ASSETS_URL,
+        dependencies=[Depends(storable_parameters)],
     )
     app.state.manager = None
     app.state.request_summary = requests
     app.state.authenticator = Authenticator(settings.api_tokens)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
+    if settings.http_allowed_origins:
+        # the front-ends allowed to change things may read the answers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.http_allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=[REQUEST_ID_HEADER],
+        )
+    app.add_middleware(CrossSiteGuard, allowed_origins=settings.http_allowed_origins)
     app.add_middleware(
         RequestContextMiddleware, summary=requests, log_every_request=settings.access_log
     )
@@ -91,8 +112,24 @@ def create_app(
     # it at the top would import this package from itself
     from dataloader.dashboard import install_dashboard
 
-    install_dashboard(app, lambda: app.state.client, app.state.authenticator)
+    install_dashboard(
+        app, lambda: app.state.client, app.state.authenticator, lambda: app.state.session_secret
+    )
     return app
+
+
+#: The name in `dl_secrets` of the secret the dashboard's sessions are signed with.
+SESSION_SECRET_NAME = "dashboard-sessions"
+
+
+async def _session_secret(settings: Settings, runner: Runner) -> bytes:
+    """The secret of the dashboard's sessions: DL_SESSION_SECRET, or the deployment's own,
+    made by the first process that asked and kept in the database (every replica, and every
+    restart, signs alike)."""
+    if settings.session_secret is not None:
+        return settings.session_secret.get_secret_value().strip().encode()
+    store = SecretStore(GuardedPool(runner.context.pool, settings.db_timeout_sec))
+    return await store.shared(SESSION_SECRET_NAME)
 
 
 @asynccontextmanager

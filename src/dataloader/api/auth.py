@@ -20,6 +20,7 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from dataloader.api.origins import check_json_body
 from dataloader.config import ApiToken, Scope
 
 log = logging.getLogger(__name__)
@@ -97,20 +98,21 @@ def requires(scope: Scope) -> Any:
 
 
 class AuthorizedRoute(APIRoute):
-    """A route that checks the token its `requires` asks for first of all: a request without
-    the right token learns nothing, not even whether its body would have been valid."""
+    """A route of the API that checks the token its `requires` asks for first of all (a
+    request without the right token learns nothing, not even whether its body would have
+    been valid), then that a change comes as JSON or without a body (`check_json_body`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         needed = [
             d.dependency.scope for d in self.dependencies if isinstance(d.dependency, _Requirement)
         ]
-        if not needed:
-            return handler
-        scope = max(needed)
+        scope = max(needed) if needed else None
 
         async def authorized(request: Request) -> Response:
-            authorize(request, scope)
+            if scope is not None:
+                authorize(request, scope)
+            check_json_body(request)
             return await handler(request)
 
         return authorized

@@ -42,6 +42,8 @@ KEY_MAX_CHARS: Final = KEY_MAX_BYTES // UTF8_MAX_BYTES_PER_CHAR  # 1000
 #: int columns of the spec's DDL are 32-bit.
 INT32_MAX: Final = 2_147_483_647
 PRIORITY_MIN, PRIORITY_MAX = 0, INT32_MAX
+#: bigint columns (event ids, process cursors) are 64-bit.
+BIGINT_MAX: Final = 2**63 - 1
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
 LEASE_TTL_MIN, LEASE_TTL_MAX = 1, INT32_MAX
 #: Largest batch a batch handler may take: a claim locks every job of it, and one statement
@@ -77,6 +79,13 @@ def check_text(value: object, max_chars: int, *, allow_empty: bool = False) -> s
             f"must be at most {max_chars} characters"
             f" ({max_chars * UTF8_MAX_BYTES_PER_CHAR} bytes of UTF-8), not {len(value)}"
         )
+    _storable(value)
+    return value
+
+
+def check_storable(value: str) -> str:
+    """Text PostgreSQL can store (no NUL, no unpaired surrogate), whatever its length;
+    ValueError otherwise."""
     _storable(value)
     return value
 

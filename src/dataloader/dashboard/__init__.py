@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
@@ -28,20 +29,25 @@ from dataloader.dashboard.common import (
     Pages,
     SignInRequired,
     error_page,
+    page_of,
     pages_of,
     set_session,
 )
-from dataloader.dashboard.sessions import Sessions
+from dataloader.dashboard.sessions import Sessions, StaleSession
 
 __all__ = ["PREFIX", "install_dashboard"]
 
 
 def install_dashboard(
-    app: FastAPI, client: Callable[[], Client], authenticator: Authenticator
+    app: FastAPI,
+    client: Callable[[], Client],
+    authenticator: Authenticator,
+    secret: Callable[[], bytes],
 ) -> None:
     """Serve the dashboard on `app` at /ui, reading through `client()` (the service's
-    client, once it is open), signing in with `authenticator`'s tokens."""
-    app.state.dashboard = Pages(client, Sessions(authenticator, authenticator.key_material))
+    client, once it is open), signing in with `authenticator`'s tokens, signing sessions
+    with a key derived from `secret()` (the deployment's, the same for every replica)."""
+    app.state.dashboard = Pages(client, Sessions(authenticator, secret))
     app.state.dashboard_live = live.JobWatch(client)
     app.state.dashboard_system = live.SystemWatch(client)
     for page in (
@@ -59,6 +65,7 @@ def install_dashboard(
     app.add_api_route("/favicon.ico", _favicon, include_in_schema=False)
     app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(NewSession, _new_session)
+    app.add_exception_handler(StaleSession, _stale_session)  # type: ignore[arg-type]
     _pages_show_errors(app)
 
 
@@ -95,13 +102,31 @@ def _error_on_pages(elsewhere: Callable[..., Any]) -> Callable[..., Awaitable[Re
 
 
 async def _to_sign_in(request: Request, exc: SignInRequired) -> Response:
-    return RedirectResponse(f"{PREFIX}/signin?next={exc.path}", status_code=303)
+    return RedirectResponse(f"{PREFIX}/signin?{urlencode({'next': exc.path})}", status_code=303)
 
 
 async def _new_session(request: Request, exc: Exception) -> Response:
-    """Without authentication: a session for CSRF, then the page again (a GET; an action
-    without a session is refused: its CSRF token cannot be right)."""
-    if request.method != "GET":
-        return HTMLResponse("sign in again: your session is new", status_code=403)
+    """Without authentication: a session for CSRF, then the page again (a GET). An action
+    without a session is refused (its CSRF token cannot be right): a page says so, with the
+    new session, so that reloading the page the action came from is all it takes."""
     value = pages_of(request).sessions.anonymous()
+    if request.method != "GET":
+        return set_session(_refused(request, STALE_SESSION), value, request)
     return set_session(RedirectResponse(str(request.url), status_code=303), value, request)
+
+
+async def _stale_session(request: Request, exc: StaleSession) -> Response:
+    return _refused(request, exc.message)
+
+
+#: What a viewer is told of an action its session cannot vouch for.
+STALE_SESSION = (
+    "Your session is new (it had ended, or this browser had none): nothing was changed."
+    " Reload the page and try again."
+)
+
+
+def _refused(request: Request, message: str) -> Response:
+    """An action refused for its session: the error page (403), linking back to the page
+    the action was made from, to reload it."""
+    return error_page(request, 403, message, again=page_of(request))

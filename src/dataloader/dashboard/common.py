@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Final
+from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -112,12 +113,15 @@ async def viewer_of(request: Request) -> Viewer:
     if viewer is not None:
         return viewer
     if sessions.required:
-        raise SignInRequired(request.url.path)
+        # back to the page asked for, with its query; after an action, to its page
+        asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise SignInRequired(asked if request.method == "GET" else page_of(request))
     raise NewSession()
 
 
 class SignInRequired(Exception):
-    """The viewer must sign in first, then come back to `path`."""
+    """The viewer must sign in first, then come back to `path` (a path of the dashboard,
+    with its query)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -134,7 +138,7 @@ PageViewer = Annotated[Viewer, Depends(viewer_of)]
 def authorize_action(request: Request, viewer: Viewer, csrf: str | None, scope: Scope) -> None:
     """403 unless the action comes from this site with the session's CSRF token, and the
     viewer's scope is at least `scope` (as the API asks of the same change)."""
-    pages_of(request).sessions.check_action(request, viewer, csrf)
+    pages_of(request).sessions.check_action(viewer, csrf)
     if not viewer.may(scope):
         raise HTTPException(
             403, f"this token's scope is {viewer.scope.name}; {scope.name} is needed"
@@ -197,8 +201,11 @@ ERROR_TITLES: Final = {
 }
 
 
-def error_page(request: Request, status: int, message: str) -> HTMLResponse:
-    """A page saying what went wrong (`message`, shown escaped), for whoever is looking."""
+def error_page(
+    request: Request, status: int, message: str, again: str | None = None
+) -> HTMLResponse:
+    """A page saying what went wrong (`message`, shown escaped), for whoever is looking; with
+    `again`, a link to that page to reload it and try again."""
     viewer = pages_of(request).sessions.viewer(request.cookies.get(COOKIE))
     page = templates.TemplateResponse(
         request,
@@ -210,6 +217,7 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
             "status": status,
             "title": ERROR_TITLES.get(status, "Something went wrong"),
             "message": message,
+            "again": again,
         },
         status_code=status,
         headers={"Cache-Control": "no-store"},
@@ -240,6 +248,31 @@ def set_session(response: Response, value: str, request: Request) -> Response:
         path=PREFIX,
     )
     return response
+
+
+def safe_next(target: str) -> str | None:
+    """`target` if it is a page of the dashboard given as a path of this site (with its query:
+    `/ui/jobs?queue=q`), else None: what may follow a sign-in or a refused action without
+    leading anywhere else (no scheme, no host, no `//` or backslash a browser would read as
+    one, no control character)."""
+    if not (target == PREFIX or target.startswith((f"{PREFIX}/", f"{PREFIX}?"))):
+        return None
+    if "\\" in target or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or parts.fragment:
+        return None
+    return target
+
+
+def page_of(request: Request) -> str:
+    """The dashboard's page a request was made from (its `Referer`, when that is one of this
+    site's pages), else the overview: where a refused action sends the viewer back to."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if referer.netloc and referer.netloc != request.headers.get("host"):
+        return PREFIX
+    page = referer.path + (f"?{referer.query}" if referer.query else "")
+    return safe_next(page) or PREFIX
 
 
 def back_to(path: str) -> RedirectResponse:

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from dataloader.client import Client
 from dataloader.config import Scope
+from dataloader.core.limits import BIGINT_MAX
 from dataloader.core.processes import Event, Process, ProcessStatus
 from dataloader.dashboard.common import (
     CONFIRM_FIELD,
@@ -74,7 +75,7 @@ async def processes(
     viewer: PageViewer,
     namespace: str = "",
     status: str = "",
-    cursor: int | None = None,
+    cursor: Annotated[int | None, Query(ge=1, le=BIGINT_MAX)] = None,
 ) -> HTMLResponse:
     error = None
     try:
@@ -108,10 +109,10 @@ async def process_page(
     viewer: PageViewer,
     namespace: str,
     process_id: str,
-    after: int = 0,
+    after: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
     said: str = "",
 ) -> HTMLResponse:
-    view = await process_view_of(client, namespace, process_id, max(after, 0))
+    view = await process_view_of(client, namespace, process_id, after)
     if view is None:
         raise HTTPException(404, f"no live process {process_id!r} of namespace {namespace!r}")
     return render(request, viewer, "process.html", view=view, said=said)

@@ -2,14 +2,18 @@
 cookie, CSRF tokens for actions.
 
 With `DL_API_TOKENS` set, a viewer signs in with a token once; the session cookie then carries
-the token's name (never the token), its scope and an expiry, signed with a key derived from the
-configured tokens' digests (every replica with the same tokens accepts it; changing the tokens
-ends every session). It is HttpOnly and SameSite=Strict. Without tokens the API's rule holds
-(the service serves on a loopback address unless DL_ALLOW_UNAUTHENTICATED): every viewer is
-`admin`, with a session of its own all the same, for CSRF.
+the token's name (never the token), its scope and an expiry. It is HttpOnly and
+SameSite=Strict. Without tokens the API's rule holds (the service serves on a loopback address
+unless DL_ALLOW_UNAUTHENTICATED): every viewer is `admin`, with a session of its own all the
+same, for CSRF.
+
+Sessions are signed with a key every replica shares, and that outlives restarts: derived from
+the deployment's secret (DL_SESSION_SECRET, or the one kept in the database) and the configured
+tokens' digests, so that any replica behind a shared port or a load balancer accepts a session
+another one opened, a restart ends none, and changing the tokens ends every session.
 
 Every action (a POST) carries a CSRF token, the HMAC of its session; a request from another
-site (`Sec-Fetch-Site`, or an `Origin` not this host's) is refused as well.
+site is refused before it reaches the dashboard (`api.origins`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
-
-from fastapi import HTTPException, Request
 
 from dataloader.api.auth import Authenticator
 from dataloader.config import Scope
@@ -58,14 +61,31 @@ class Viewer:
         return self.scope >= scope
 
 
+class StaleSession(Exception):
+    """An action the session cannot vouch for (no session, or a CSRF token of another one):
+    refused, and the viewer is told to reload the page (`message`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class Sessions:
     """Signs and reads session cookies for `authenticator`'s tokens."""
 
-    def __init__(self, authenticator: Authenticator, key_material: bytes) -> None:
+    def __init__(self, authenticator: Authenticator, secret: Callable[[], bytes]) -> None:
+        """`secret()`: the deployment's shared secret, asked for at the first use (it is read
+        from the database once the service has opened it)."""
         self._authenticator = authenticator
-        # from the tokens (every replica alike); without tokens, this process's own
-        material = key_material or secrets.token_bytes(32)
-        self._key = hashlib.sha256(b"dataloader-dashboard\0" + material).digest()
+        self._secret = secret
+        self._key: bytes | None = None
+
+    @property
+    def _signing_key(self) -> bytes:
+        if self._key is None:
+            material = self._secret() + b"\0" + self._authenticator.key_material
+            self._key = hashlib.sha256(b"dataloader-dashboard\0" + material).digest()
+        return self._key
 
     @property
     def required(self) -> bool:
@@ -97,15 +117,15 @@ class Sessions:
         token = self._authenticator.named(str(name))
         return None if token is None else Viewer(token.name, token.scope, csrf)
 
-    def check_action(self, request: Request, viewer: Viewer, presented: str | None) -> None:
-        """403 unless the action comes from this site with the session's CSRF token."""
-        if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-            raise HTTPException(403, "an action from another site")
-        origin = request.headers.get("origin")
-        if origin is not None and origin.split("://", 1)[-1] != request.headers.get("host"):
-            raise HTTPException(403, "an action from another origin")
+    def check_action(self, viewer: Viewer, presented: str | None) -> None:
+        """StaleSession unless the action carries the session's CSRF token (a request from
+        another site never gets here: `api.origins`)."""
         if presented is None or not hmac.compare_digest(presented, viewer.csrf):
-            raise HTTPException(403, "missing or wrong CSRF token: reload the page")
+            raise StaleSession(
+                "This action was not made from a page of your session (it ended, or the page"
+                " was opened before it began): nothing was changed. Reload the page and try"
+                " again."
+            )
 
     def _sign(self, claims: dict[str, object]) -> str:
         body = base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode())
@@ -126,4 +146,4 @@ class Sessions:
         return claims
 
     def _mac(self, data: bytes) -> str:
-        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+        return hmac.new(self._signing_key, data, hashlib.sha256).hexdigest()

@@ -12,6 +12,7 @@ from dataloader.dashboard.common import (
     PageViewer,
     back_to,
     pages_of,
+    safe_next,
     set_session,
     templates,
 )
@@ -21,8 +22,9 @@ router = APIRouter(prefix=PREFIX)
 
 
 def _safe_next(path: str) -> str:
-    """Where to go after signing in: a page of the dashboard only (no open redirect)."""
-    return path if path.startswith(f"{PREFIX}") and not path.startswith("//") else PREFIX
+    """Where to go after signing in: the page of the dashboard asked for, with its query (no
+    open redirect: anything else is the overview)."""
+    return safe_next(path) or PREFIX
 
 
 @router.get("/signin", response_class=HTMLResponse, include_in_schema=False)
@@ -53,7 +55,7 @@ async def signout(
     viewer: PageViewer,
     csrf_token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None,
 ) -> RedirectResponse:
-    pages_of(request).sessions.check_action(request, viewer, csrf_token)
+    pages_of(request).sessions.check_action(viewer, csrf_token)
     response = back_to(f"{PREFIX}/signin")
     response.delete_cookie(COOKIE, path=PREFIX)
     return response
