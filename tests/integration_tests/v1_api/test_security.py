@@ -117,8 +117,8 @@ def test_every_route_but_the_open_ones_requires_a_scope(make_settings: Any) -> N
     app = create_app(make_settings(), run_workers=False)
     open_paths = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
     open_paths.add(DOCS_ASSETS_URL)  # the docs pages' own files
-    # the dashboard's sign-in page, and its own files (htmx, the style sheet)
-    open_paths |= {"/ui/signin", "/ui/static"}
+    # the dashboard's sign-in page, and its own files (htmx, the style sheet, the icon)
+    open_paths |= {"/ui/signin", "/ui/static", "/favicon.ico"}
     routes = list(every_route(app.routes))
     unprotected = [
         path
