@@ -54,6 +54,18 @@ async def test_a_process_in_error_is_refused_a_call_and_repaired(cli: Cli, runni
     assert repaired["response"] == {"repaired": True}
 
 
+async def test_a_repeated_keyed_call_prints_its_answer_after_the_process_failed(
+    cli: Cli, running: Runner
+) -> None:
+    await cli.json("processes", "start", "orders", "o-1", "--args", '{"total": 10}')
+    key = ("--idempotency-key", "pay-1")
+    paid = await cli.json("processes", "call", "orders", "o-1", "--args", '{"x": 1}', *key)
+    failed = await cli("processes", "call", "orders", "o-1", "--args", '{"boom": "x"}')
+    assert "RuntimeError: x" in failed_in_one_line(failed, 1)
+    again = await cli.json("processes", "call", "orders", "o-1", "--args", '{"x": 1}', *key)
+    assert again == paid
+
+
 async def test_a_call_that_gets_no_answer_in_time_exits_5_with_its_task(cli: Cli) -> None:
     # no worker runs the queue: the init waits
     late = await cli("processes", "start", "orders", "o-1", "--timeout", "0.2", "--json")

@@ -286,6 +286,55 @@ async def test_a_call_with_an_idempotency_key_is_one_task(
     assert await events_of(conn, "steered", "p") == [1, 2]
 
 
+async def test_a_repeated_keyed_call_answers_as_it_did_whatever_the_process_became(
+    dl: Client,
+) -> None:
+    """A caller who lost the answer of an applied call and calls again with its key gets that
+    answer, not a refusal from the process's state since: in error, repaired, removed."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    paid = await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1")
+    with pytest.raises(ProcessTaskFailed) as failed:
+        await dl.processes.call("orders", "o-1", {"boom": "no"}, idempotency_key="boom-1")
+    assert await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1") == paid
+    with pytest.raises(ProcessConflict) as other_args:
+        await dl.processes.call("orders", "o-1", {"x": 2}, idempotency_key="pay-1")
+    assert other_args.value.reason == "idempotency_key_reused"
+    await dl.processes.repair("orders", "o-1")
+    with pytest.raises(ProcessTaskFailed) as again:  # it failed, whatever came after
+        await dl.processes.call("orders", "o-1", {"boom": "no"}, idempotency_key="boom-1")
+    assert again.value.task_id == failed.value.task_id
+    await dl.processes.remove("orders", "o-1")
+    assert await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1") == paid
+    with pytest.raises(ProcessNotFound):  # a new call to the removed process
+        await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-2")
+    await dl.processes.start("orders", "o-1", {"total": 1})
+    # a new incarnation: the key is free again, for a call of its own
+    await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1")
+    assert [e.payload for e in await dl.processes.events("orders", "o-1")][1:] == [{"x": 1}]
+
+
+async def test_a_task_refused_when_it_ran_answers_so_whatever_the_process_became(
+    dl: Client,
+) -> None:
+    """A call queued behind a step that fails is refused `in_error`; asked for again after
+    the repair, it still says so (not that its processor failed)."""
+    await dl.processes.start("steered", "p")
+    blocker = await dl.processes.submit(
+        "steered", "p", TaskKind.CALL, {"sleep": 0.3, "fail_until_attempt": 9}
+    )
+    await wait_until(lambda: running(dl, blocker), what="the failing call to run")
+    queued = await dl.processes.submit("steered", "p", TaskKind.CALL, {"x": 1})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.response(blocker, 30)
+    with pytest.raises(ProcessConflict) as refused:
+        await dl.processes.response(queued, 30)
+    assert refused.value.reason == "in_error"
+    await dl.processes.repair("steered", "p")
+    with pytest.raises(ProcessConflict) as still:
+        await dl.processes.response(queued, 30)
+    assert still.value.reason == "in_error"
+
+
 async def test_remove_frees_the_id_and_cancels_the_timer(
     dl: Client, conn: asyncpg.Connection
 ) -> None:

@@ -38,6 +38,8 @@ from dataloader.core.processes import (
     on_removal,
     on_zombie,
     priority_of,
+    refusal_of,
+    refused_error,
     task_name_of,
 )
 
@@ -94,6 +96,19 @@ def test_a_start_of_a_taken_id_returns_it_with_the_same_args_and_is_refused_with
 
 
 # before a step -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("refusal", list(Refusal))
+def test_a_task_refused_when_it_runs_says_so_in_its_error(refusal: Refusal) -> None:
+    assert refusal_of(refused_error(refusal, "why")) is refusal
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, "", "RuntimeError: refused (in_error): no", "refused (other): x", "refused (in_error)"],
+)
+def test_no_other_error_reads_as_a_refusal(error: str | None) -> None:
+    assert refusal_of(error) is None
 
 
 def test_a_task_of_a_running_process_runs() -> None:

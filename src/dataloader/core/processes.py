@@ -331,6 +331,29 @@ class Refusal(StrEnum):
         return self is not Refusal.NOT_FOUND
 
 
+#: How the job of a task that did not run says why (its `error`, `refused_error`): a caller
+#: who waits for the task, or asks for it again later, gets the refusal it would have had at
+#: submit, whatever the process became since.
+_REFUSED: Final = "refused ({reason}): "
+
+
+def refused_error(refusal: Refusal, why: str) -> str:
+    """The `error` of the job of a task refused when it came to run (`refusal_of` reads it
+    back): no exception's `Type: message` starts so."""
+    return _REFUSED.format(reason=refusal.value) + why
+
+
+def refusal_of(error: str | None) -> Refusal | None:
+    """The refusal the job of a task ended with (see `refused_error`), or None."""
+    head = _REFUSED.split("{", 1)[0]
+    if error is None or not error.startswith(head):
+        return None
+    reason, sep, _ = error[len(head) :].partition("): ")
+    if not sep or reason not in Refusal._value2member_map_:
+        return None
+    return Refusal(reason)
+
+
 def admit(kind: TaskKind, process: ProcessFacts | None) -> Refusal | None:
     """Whether an external task (or a removal) of `kind` is accepted for `process` (None: no
     such process). A call goes to a process that is not in `error`; a repair only to one in

@@ -39,6 +39,7 @@ from dataloader.core.processes import (
     Process,
     ProcessResult,
     ProcessTask,
+    Refusal,
     StepWrite,
     TaskArgs,
     TaskKind,
@@ -49,6 +50,7 @@ from dataloader.core.processes import (
     on_removal,
     on_zombie,
     priority_of,
+    refused_error,
     task_name_of,
 )
 from dataloader.core.retry import Linear, delay_of
@@ -72,8 +74,9 @@ log = logging.getLogger(__name__)
 #: Delays between a processor's attempts when its namespace names no retry policy.
 DEFAULT_RETRY: Final = Linear(1.0)
 
+#: The tasks that end canceled without running, and their error.
 _NOT_RUN: Final = {
-    Before.GONE: "the process was removed before the task ran",
+    Before.GONE: refused_error(Refusal.NOT_FOUND, "the process was removed before the task ran"),
     Before.STALE_TIMER: "the timer was replaced or unset before it fired",
 }
 
@@ -125,7 +128,9 @@ class ProcessSteps:
         assert facts is not None
         if before is Before.IN_ERROR:
             return Outcome(
-                Ended.FAILED, "the process is in error: only a repair runs", retryable=False
+                Ended.FAILED,
+                refused_error(Refusal.IN_ERROR, "the process is in error: only a repair runs"),
+                retryable=False,
             )
         if before is Before.ZOMBIE:
             zombie = on_zombie(facts, job.job_id)

@@ -77,6 +77,22 @@ async def test_refusals_are_404_and_409_with_their_reason(service: Service) -> N
     assert (again.status_code, again.json()["reason"]) == (409, "not_in_error")
 
 
+async def test_a_repeated_keyed_call_gets_its_answer_after_the_process_failed(
+    service: Service,
+) -> None:
+    http, trigger = service.client, bearer(TRIGGER)
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    call = {"args": {"x": 1}, "idempotency_key": "pay-1"}
+    paid = await http.post(f"{BASE}/orders/o-1/call", json=call, headers=trigger)
+    assert paid.status_code == 200, paid.text
+    failed = await http.post(
+        f"{BASE}/orders/o-1/call", json={"args": {"boom": "x"}}, headers=trigger
+    )
+    assert (failed.status_code, failed.json()["reason"]) == (409, "task_failed")
+    again = await http.post(f"{BASE}/orders/o-1/call", json=call, headers=trigger)
+    assert (again.status_code, again.json()) == (200, paid.json())
+
+
 async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later(
     start_service: StartService,
 ) -> None:
