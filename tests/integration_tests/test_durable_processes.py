@@ -226,6 +226,77 @@ async def test_a_failing_processor_puts_the_process_in_error_until_repaired(
     assert again.value.reason == "not_in_error"
 
 
+async def repaired_events(dl: Client, namespace: str, process_id: str) -> int:
+    events = await dl.processes.events(namespace, process_id)
+    return sum(1 for e in events if e.payload == {"repaired": True})
+
+
+async def test_repairs_admitted_together_run_the_processor_once(dl: Client) -> None:
+    """Three repairs are all admitted while the process is in error (its queue paused, so
+    that none runs before the last is in); the first to run repairs it, the others find it
+    repaired when they run and are refused as a later repair is."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.call("orders", "o-1", {"boom": "no"})
+    await dl.pause("orders")
+    tasks = [await dl.processes.submit("orders", "o-1", TaskKind.REPAIR) for _ in range(3)]
+    await dl.resume("orders")
+    answers = await asyncio.gather(
+        *(dl.processes.response(task_id, 30) for task_id in tasks), return_exceptions=True
+    )
+    assert answers[0] == {"repaired": True}
+    for refused in answers[1:]:
+        assert isinstance(refused, ProcessConflict), refused
+        assert refused.reason == "not_in_error"
+    assert await repaired_events(dl, "orders", "o-1") == 1
+    process = await dl.processes.get("orders", "o-1")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+
+
+async def test_concurrent_repairs_and_removals_each_take_effect_once(dl: Client) -> None:
+    """Sent together, with real concurrency: one repair repairs, one removal removes; the
+    others get what a later one gets (409 not_in_error, 404)."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.call("orders", "o-1", {"boom": "no"})
+    repairs = await asyncio.gather(
+        *(dl.processes.repair("orders", "o-1") for _ in range(5)), return_exceptions=True
+    )
+    assert sum(1 for a in repairs if a == {"repaired": True}) == 1, repairs
+    assert all(
+        isinstance(a, ProcessConflict) and a.reason == "not_in_error"
+        for a in repairs
+        if a != {"repaired": True}
+    ), repairs
+    assert await repaired_events(dl, "orders", "o-1") == 1
+    removals = await asyncio.gather(
+        *(dl.processes.remove("orders", "o-1") for _ in range(5)),
+        *(dl.processes.call("orders", "o-1", {"x": n}) for n in range(5)),
+        return_exceptions=True,
+    )
+    assert sum(1 for r in removals[:5] if r is None) == 1, removals
+    assert all(isinstance(r, ProcessNotFound) for r in removals[:5] if r is not None), removals
+    # a call answered before the removal, or not found: never a failure
+    assert all(isinstance(r, dict | ProcessNotFound) for r in removals[5:]), [
+        repr(r) for r in removals[5:]
+    ]
+
+
+async def test_a_call_queued_behind_a_removal_is_not_found_even_once_the_id_lives_again(
+    dl: Client,
+) -> None:
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    await dl.pause("orders")
+    removal = await dl.processes.submit("orders", "o-1", TaskKind.REMOVE)
+    call = await dl.processes.submit("orders", "o-1", TaskKind.CALL, {"x": 1})
+    await dl.resume("orders")
+    assert await dl.processes.response(removal, 30) is None
+    await dl.processes.start("orders", "o-1", {"total": 1})
+    with pytest.raises(ProcessNotFound):
+        await dl.processes.response(call, 30)
+
+
 async def test_a_processor_that_fails_and_then_succeeds_is_called_again_in_the_same_claim(
     dl: Client,
 ) -> None:

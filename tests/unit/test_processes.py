@@ -143,6 +143,18 @@ def test_only_a_repair_or_a_removal_runs_on_a_process_in_error() -> None:
     assert before_step(in_error(), args(TaskKind.REMOVE), TASK, 1, idempotent=False) is Before.RUN
 
 
+@pytest.mark.parametrize("status", [ProcessStatus.INIT, ProcessStatus.RUNNING])
+def test_a_repair_that_comes_to_run_on_a_process_not_in_error_is_refused(
+    status: ProcessStatus,
+) -> None:
+    """Repairs admitted together: the first returns the process to `running`, the others
+    find it so when they run."""
+    process = ProcessFacts(7, status)
+    assert before_step(process, args(TaskKind.REPAIR), TASK, 1, idempotent=True) is (
+        Before.NOT_IN_ERROR
+    )
+
+
 def test_a_second_attempt_is_a_zombie_unless_the_processor_is_idempotent() -> None:
     task = args(TaskKind.CALL)
     assert before_step(running(), task, TASK, 2, idempotent=False) is Before.ZOMBIE

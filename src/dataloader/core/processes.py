@@ -394,6 +394,9 @@ class Before(Enum):
     GONE = "gone"
     #: The process is in `error` and the task is not a repair: the task fails.
     IN_ERROR = "in_error"
+    #: A repair of a process that is not in `error` (another repair, admitted beside it, ran
+    #: first): the task fails, as a later repair is refused.
+    NOT_IN_ERROR = "not_in_error"
     #: An earlier attempt of this task started and never saved: a zombie.
     ZOMBIE = "zombie"
 
@@ -409,13 +412,20 @@ def before_step(
     """What a claimed task of a process does. `attempt` is the job's: above 1, an earlier
     attempt ran and ended without saving (its worker died, was cut off, or the step outran its
     timeout): unless the processor is idempotent, the process may be half-way through a side
-    effect, and goes to `error` rather than run the step twice."""
+    effect, and goes to `error` rather than run the step twice.
+
+    The state a caller's task was admitted on (`admit`) is checked again here, where it
+    holds until the step is saved (a process's tasks run one at a time, and nothing else
+    writes its row): tasks admitted together, or before a step that changed the state, are
+    refused as a later one would be."""
     if process is None or process.process_ref != task.process_ref:
         return Before.GONE
     if task.timer and process.timer_task != task_id:
         return Before.STALE_TIMER
     if process.status is ProcessStatus.ERROR and task.kind not in RUN_IN_ERROR:
         return Before.IN_ERROR
+    if task.kind is TaskKind.REPAIR and process.status is not ProcessStatus.ERROR:
+        return Before.NOT_IN_ERROR
     if attempt > 1 and not idempotent:
         return Before.ZOMBIE
     return Before.RUN

@@ -80,6 +80,15 @@ _NOT_RUN: Final = {
     Before.STALE_TIMER: "the timer was replaced or unset before it fired",
 }
 
+#: The tasks that fail without running, refused by their process's state as they would have
+#: been at submit, and their error.
+_REFUSED: Final = {
+    Before.IN_ERROR: refused_error(Refusal.IN_ERROR, "the process is in error: only a repair runs"),
+    Before.NOT_IN_ERROR: refused_error(
+        Refusal.NOT_IN_ERROR, "the process is not in error (repaired already): nothing to repair"
+    ),
+}
+
 
 class ProcessSteps:
     """Runs the tasks of durable processes for a worker: reads each process on
@@ -126,12 +135,8 @@ class ProcessSteps:
             return Outcome(Ended.CANCELED, _NOT_RUN[before])
         assert found is not None
         assert facts is not None
-        if before is Before.IN_ERROR:
-            return Outcome(
-                Ended.FAILED,
-                refused_error(Refusal.IN_ERROR, "the process is in error: only a repair runs"),
-                retryable=False,
-            )
+        if before in _REFUSED:
+            return Outcome(Ended.FAILED, _REFUSED[before], retryable=False)
         if before is Before.ZOMBIE:
             zombie = on_zombie(facts, job.job_id)
             return self._broken(namespace, found, args, running, zombie, _ZOMBIE)

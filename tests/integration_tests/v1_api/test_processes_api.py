@@ -3,6 +3,7 @@ response after a 504; refusals (404, 409, 422) and scopes."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -91,6 +92,22 @@ async def test_a_repeated_keyed_call_gets_its_answer_after_the_process_failed(
     assert (failed.status_code, failed.json()["reason"]) == (409, "task_failed")
     again = await http.post(f"{BASE}/orders/o-1/call", json=call, headers=trigger)
     assert (again.status_code, again.json()) == (200, paid.json())
+
+
+async def test_repairs_sent_together_repair_once_and_the_others_are_409(
+    service: Service,
+) -> None:
+    http, admin, trigger = service.client, bearer(ADMIN), bearer(TRIGGER)
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    await http.post(f"{BASE}/orders/o-1/call", json={"args": {"boom": "x"}}, headers=trigger)
+    answers = await asyncio.gather(
+        *(http.post(f"{BASE}/orders/o-1/repair", json={}, headers=admin) for _ in range(3))
+    )
+    assert sorted(a.status_code for a in answers) == [200, 409, 409], [a.text for a in answers]
+    assert {a.json()["reason"] for a in answers if a.status_code == 409} == {"not_in_error"}
+    events = await http.get(f"{BASE}/orders/o-1/events", headers=admin)
+    payloads = [e["payload"] for e in events.json()["events"]]
+    assert payloads.count({"repaired": True}) == 1
 
 
 async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later(
