@@ -221,15 +221,28 @@ def _one_time(in_sec: float | None, at: datetime | None, what: str) -> None:
 # names and keys -----------------------------------------------------------------------------
 
 
+#: Texts a URL cannot carry as a path segment: browsers and HTTP clients resolve them away
+#: (`a/./b` is `a/b`), even percent-encoded. A process's namespace and id are each one segment
+#: of its URLs (`api.segments`), so they are refused as either.
+DOT_SEGMENTS: Final = frozenset({".", ".."})
+
+
 def check_namespace(value: object) -> str:
     """A namespace: a name of NAMESPACE_MAX_CHARS characters at most (its task's name is a
-    name too)."""
-    return limits.check_text(value, NAMESPACE_MAX_CHARS)
+    name too), not `.` or `..` (see DOT_SEGMENTS)."""
+    return _addressable(limits.check_text(value, NAMESPACE_MAX_CHARS))
 
 
 def check_process_id(value: object) -> str:
-    """A process_id: text of 1 to PROCESS_ID_MAX_CHARS characters."""
-    return limits.check_text(value, PROCESS_ID_MAX_CHARS)
+    """A process_id: text of 1 to PROCESS_ID_MAX_CHARS characters, any but `.` and `..` (see
+    DOT_SEGMENTS)."""
+    return _addressable(limits.check_text(value, PROCESS_ID_MAX_CHARS))
+
+
+def _addressable(text: str) -> str:
+    if text in DOT_SEGMENTS:
+        raise ValueError(f"{text!r} cannot be a segment of a URL's path")
+    return text
 
 
 def task_name_of(namespace: str) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from urllib.parse import quote
 
 import pytest
 
+from dataloader import InvalidJob
 from tests.orders import registry as orders
 
 from ..conftest import Service, StartService
@@ -48,14 +50,61 @@ async def test_a_process_is_started_called_read_and_removed_over_http(service: S
     assert gone.status_code == 404
 
 
-async def test_an_id_with_a_slash_is_one_process(service: Service) -> None:
-    http, trigger = service.client, bearer(TRIGGER)
-    started = await http.post(
-        f"{BASE}/orders/2026/11/o-1", json={"args": {"total": 1}}, headers=trigger
-    )
-    assert started.json()["process"]["process_id"] == "2026/11/o-1"
-    called = await http.post(f"{BASE}/orders/2026/11/o-1/call", json={"args": {}}, headers=trigger)
-    assert called.status_code == 200, called.text
+#: Ids that spell another route's path unless each is one percent-encoded segment.
+AWKWARD_IDS = [
+    "report/call",
+    "events",
+    "call",
+    "repair",
+    "a/events",
+    "2026/11/",
+    "50% off?#x",
+    "é/",
+]
+
+
+@pytest.mark.parametrize("process_id", AWKWARD_IDS)
+async def test_every_route_serves_any_id_as_one_encoded_segment(
+    service: Service, process_id: str
+) -> None:
+    http, admin, trigger, read = service.client, bearer(ADMIN), bearer(TRIGGER), bearer(READ)
+    path = f"{BASE}/orders/{quote(process_id, safe='')}"
+    started = await http.post(path, json={"args": {"total": 1}}, headers=trigger)
+    assert started.status_code == 200, started.text
+    assert started.json()["process"]["process_id"] == process_id
+    called = await http.post(f"{path}/call", json={"args": {"boom": "x"}}, headers=trigger)
+    assert (called.status_code, called.json()["reason"]) == (409, "task_failed")
+    repaired = await http.post(f"{path}/repair", json={}, headers=admin)
+    assert repaired.json()["response"] == {"repaired": True}, repaired.text
+    got = await http.get(path, headers=read)
+    assert (got.status_code, got.json()["process_id"]) == (200, process_id)
+    events = await http.get(f"{path}/events", headers=read)
+    assert [e["payload"] for e in events.json()["events"]][-1] == {"repaired": True}
+    removed = await http.delete(path, headers=admin)
+    assert removed.status_code == 200, removed.text
+    assert (await http.get(path, headers=read)).status_code == 404
+
+
+async def test_an_id_that_is_a_routes_word_is_not_a_sub_resource(service: Service) -> None:
+    http, trigger, read = service.client, bearer(TRIGGER), bearer(READ)
+    for process_id in ("call", "events"):
+        await http.post(f"{BASE}/orders/{process_id}", json={"args": {"total": 1}}, headers=trigger)
+    got = await http.get(f"{BASE}/orders/events", headers=read)
+    assert got.json()["process_id"] == "events"
+    events = await http.get(f"{BASE}/orders/events/events", headers=read)
+    assert [e["payload"] for e in events.json()["events"]] == [{"created": {"total": 1}}]
+    called = await http.post(f"{BASE}/orders/call/call", json={"args": {}}, headers=trigger)
+    assert called.json()["response"] == {"echo": {}, "seen": 1}
+    # an unencoded slash is a segment of its own: no route has that many
+    assert (await http.get(f"{BASE}/orders/report/call/x", headers=read)).status_code == 404
+
+
+@pytest.mark.parametrize("process_id", [".", ".."])
+async def test_an_id_a_url_cannot_carry_is_refused_at_start(
+    service: Service, process_id: str
+) -> None:
+    with pytest.raises(InvalidJob, match="cannot be a segment of a URL's path"):
+        await service.dl.processes.start("orders", process_id, {"total": 1})
 
 
 async def test_refusals_are_404_and_409_with_their_reason(service: Service) -> None:
