@@ -158,8 +158,9 @@ class Processes:
         self, namespace: str, process_id: str, *, timeout: float | None = DEFAULT_TIMEOUT_SEC
     ) -> None:
         """Remove the process, after the task it runs (if any): its pending timer and queued
-        tasks are canceled, and its id is free for a new start at once. Its history is kept
-        until retention prunes it (DL_RETENTION_*)."""
+        tasks are canceled, and its id is free for a new start at once. Its row and history
+        are kept, invisible to readers, for DL_PRUNE_REMOVED_PROCESSES_AFTER_SEC (7 days by
+        default; 0: forever), then the pruner deletes them."""
         await self._submit_and_respond(timeout, namespace, process_id, TaskKind.REMOVE)
 
     async def _submit_and_respond(

@@ -14,6 +14,8 @@ import asyncpg
 import httpx
 import pytest
 
+import dataloader
+from dataloader import ProcessStatus, ProcessTaskFailed
 from dataloader.config import CronSpec
 from dataloader.core.retry import Linear
 from dataloader.dashboard.jobs import job_list_of, job_view_of
@@ -28,6 +30,7 @@ from dataloader.workers.job_context import JobContext
 from tests.orders import registry as orders
 
 from .conftest import Service, StartService
+from .test_howtos import BLOCK, HOWTO
 
 READ = "read-token-0123456789abcdef"
 TRIGGER = "trigger-token-0123456789abcdef"
@@ -453,6 +456,40 @@ async def test_a_process_is_listed_shown_called_repaired_and_removed_through_its
     assert removed.status_code == 303
     assert await service.dl.processes.get("orders", process_id) is None
     assert (await browser.get(page_url)).status_code == 404
+
+
+def howto_processor(monkeypatch: pytest.MonkeyPatch) -> TaskRegistry:
+    """The processor of docs/howto/processes.md (its first program block, as the page has
+    it), registered in a registry of the test's."""
+    page = (HOWTO / "processes.md").read_text(encoding="utf-8")
+    first = next(code for language, code in BLOCK.findall(page) if language == "python")
+    local = TaskRegistry()
+    monkeypatch.setattr(dataloader, "process", local.process)
+    monkeypatch.setenv("DL_DB_DSN", "postgresql://unused")  # read by the page, not used here
+    exec(compile(first, "docs/howto/processes.md", "exec"), {"__name__": "howto_orders"})
+    return local
+
+
+async def test_repair_on_the_page_repairs_a_process_of_the_how_tos_processor(
+    start_service: StartService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = await start_service(
+        tasks=howto_processor(monkeypatch), workers=[{"queue": "orders", "concurrency": 2}]
+    )
+    await service.dl.processes.start("orders", "order-42", {"total": 100})
+    with pytest.raises(ProcessTaskFailed, match="KeyError"):
+        await service.dl.processes.call("orders", "order-42", {})  # a payment without amount
+    browser = await signed_in(service)
+    page = (await browser.get("/ui/processes/orders/order-42")).text
+    repaired = await browser.post(action_of(page, "repair"), data={"csrf_token": csrf_of(page)})
+    assert repaired.status_code == 303
+    page = (await browser.get(repaired.headers["location"])).text
+    assert "repair: {&#34;state&#34;: &#34;awaiting_payment&#34;" in page, page
+    process = await service.dl.processes.get("orders", "order-42")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+    paid = await service.dl.processes.call("orders", "order-42", {"amount": 100})
+    assert paid["state"] == "paid"
 
 
 async def test_jobs_matching_a_filter_are_counted_then_canceled_in_bulk(

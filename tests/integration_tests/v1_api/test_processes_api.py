@@ -4,6 +4,7 @@ response after a 504; refusals (404, 409, 422) and scopes."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from urllib.parse import quote
 
@@ -176,10 +177,43 @@ async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later
     assert still.json()["task_id"] == task_id
 
 
+async def test_a_request_may_ask_for_a_wait_the_setting_allows_beyond_a_minute(
+    start_service: StartService,
+) -> None:
+    """DL_PROCESS_WAIT_MAX_SEC may be raised to 3,600 s, and the routes honour it."""
+    service = await start_service(
+        tasks=orders.copy(),
+        workers=[{"queue": "orders", "concurrency": 2}],
+        process_wait_max_sec=600,
+    )
+    path = f"{BASE}/orders/o-1"
+    started = await service.client.post(path, json={"args": {"total": 1}, "timeout_sec": 600})
+    assert started.status_code == 200, started.text
+    called = await service.client.post(f"{path}/call", json={"args": {}, "timeout_sec": 120})
+    assert called.status_code == 200, called.text
+    task_id = called.json()["task_id"]
+    read = await service.client.get(f"/api/v1/process-tasks/{task_id}", params={"timeout_sec": 90})
+    assert read.status_code == 200, read.text
+    removed = await service.client.delete(path, params={"timeout_sec": 3600})
+    assert removed.status_code == 200, removed.text
+
+
+async def test_a_request_that_asks_for_more_than_the_setting_waits_the_setting(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False, tasks=orders.copy(), process_wait_max_sec=0.2)
+    started = time.monotonic()
+    late = await service.client.post(
+        f"{BASE}/orders/o-1", json={"args": {"total": 1}, "timeout_sec": 3600}
+    )
+    assert late.status_code == 504, late.text
+    assert time.monotonic() - started < 30  # the setting's 0.2 s (generously), not an hour
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        (f"{BASE}/orders/o-1", {"timeout_sec": 61}),
+        (f"{BASE}/orders/o-1", {"timeout_sec": 3601}),
         (f"{BASE}/orders/o-1", {"timeout_sec": 0}),
         (f"{BASE}/orders/o-1", {"args": {"x": "\u0000"}}),
         (f"{BASE}/orders/o-1", {"metadata": [1]}),

@@ -1,7 +1,8 @@
 """API v1 routes of durable processes (`client.processes`): start, call, repair, remove, read.
 
 `start`, `call` and `repair` answer with the processor's response, waiting for it up to the
-request's `timeout_sec` (at most MAX_WAIT_SEC); past it, 504 with the task's id, whose response
+request's `timeout_sec` (DL_PROCESS_WAIT_MAX_SEC at most, whatever the request asks for, up to
+MAX_WAIT_SEC); past it, 504 with the task's id, whose response
 `GET /api/v1/process-tasks/{task_id}` waits for again (the task goes on). Scopes as for jobs:
 `read` reads, `trigger` starts and calls, `admin` repairs and removes.
 """
@@ -21,7 +22,7 @@ from dataloader.api.segments import SegmentRoute
 from dataloader.api.v1.schemas import UNPARSABLE_BODY, ErrorResponse, IdempotencyKey, Name
 from dataloader.api.v1.service import JobsService
 from dataloader.client import Client
-from dataloader.config import Scope
+from dataloader.config import PROCESS_WAIT_BOUND_SEC, Scope
 from dataloader.core.processes import (
     NAMESPACE_MAX_CHARS,
     PROCESS_ID_MAX_CHARS,
@@ -36,8 +37,9 @@ from dataloader.core.processes import (
 from dataloader.exceptions import ProcessNotFound
 from dataloader.processes import MAX_PAGE
 
-#: Longest wait for a response a request may ask for.
-MAX_WAIT_SEC: Final = 60.0
+#: Longest wait for a response a request may ask for: the bound of DL_PROCESS_WAIT_MAX_SEC.
+#: A request waits the smaller of its `timeout_sec` and the setting (`_response`).
+MAX_WAIT_SEC: Final = PROCESS_WAIT_BOUND_SEC
 DEFAULT_WAIT_SEC: Final = 30.0
 
 
@@ -82,7 +84,12 @@ ProcessId = Annotated[
 ]
 Wait = Annotated[
     float,
-    Field(gt=0, le=MAX_WAIT_SEC, description="Seconds to wait for the response (then 504)."),
+    Field(
+        gt=0,
+        le=MAX_WAIT_SEC,
+        description="Seconds to wait for the response (then 504); DL_PROCESS_WAIT_MAX_SEC"
+        " (60 by default) at most: a request that asks for more waits that long.",
+    ),
 ]
 
 
