@@ -35,6 +35,10 @@ from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_
 from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import ConfigError
 
+#: Bound of DL_PROCESS_WAIT_MAX_SEC, and the longest wait a request of the processes' routes
+#: may ask for (it waits no longer than the setting).
+PROCESS_WAIT_BOUND_SEC = 3600.0
+
 #: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
 _DSN_SCHEMES = ("postgresql+asyncpg://", "postgresql://", "postgres://")
 
@@ -386,9 +390,10 @@ class Settings(BaseSettings):
     process_wait_max_sec: float = Field(
         default=60.0,
         gt=0,
-        le=3600,
+        le=PROCESS_WAIT_BOUND_SEC,
         description="Longest an HTTP request waits for a durable process's response (start,"
-        " call, repair, remove); a request that asks for more waits this long, then gets 504"
+        " call, repair, remove, a task's response); a request may ask for up to"
+        f" {PROCESS_WAIT_BOUND_SEC:g} s, waits the smaller of that and this, then gets 504"
         " with the task's id (keep it below your proxies' idle timeout).",
     )
     allow_unknown_tasks: bool = Field(

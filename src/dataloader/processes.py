@@ -36,6 +36,7 @@ from dataloader.core.processes import (
     ZOMBIE_ATTEMPT,
     Event,
     Process,
+    ProcessFacts,
     ProcessStatus,
     Refusal,
     TaskArgs,
@@ -48,6 +49,7 @@ from dataloader.core.processes import (
     lock_key_of,
     namespace_of,
     priority_of,
+    refusal_of,
     task_name_of,
 )
 from dataloader.exceptions import (
@@ -60,6 +62,7 @@ from dataloader.exceptions import (
     ProcessTimeout,
 )
 from dataloader.storage import processes as store
+from dataloader.storage.db import AnyConnection
 from dataloader.storage.processes import ProcessPage
 from dataloader.storage.repositories import enqueue
 
@@ -155,8 +158,9 @@ class Processes:
         self, namespace: str, process_id: str, *, timeout: float | None = DEFAULT_TIMEOUT_SEC
     ) -> None:
         """Remove the process, after the task it runs (if any): its pending timer and queued
-        tasks are canceled, and its id is free for a new start at once. Its history is kept
-        until retention prunes it (DL_RETENTION_*)."""
+        tasks are canceled, and its id is free for a new start at once. Its row and history
+        are kept, invisible to readers, for DL_PRUNE_REMOVED_PROCESSES_AFTER_SEC (7 days by
+        default; 0: forever), then the pruner deletes them."""
         await self._submit_and_respond(timeout, namespace, process_id, TaskKind.REMOVE)
 
     async def _submit_and_respond(
@@ -238,21 +242,28 @@ class Processes:
                     args_json,
                     metadata_json,
                 )
-                refusal = None if new else admit_start(facts, args_json)
+                if not new and (refusal := admit_start(facts, args_json)) is not None:
+                    raise refusal_error(refusal, namespace, process_id)
                 key: str | None = idempotency_key_of(facts.process_ref, kind, "")
             else:
                 found = await store.process_facts(conn, namespace, process_id)
-                refusal = admit(kind, found)
-                if found is None or refusal is not None:
-                    raise refusal_error(refusal or Refusal.NOT_FOUND, namespace, process_id)
-                facts = found
-                key = (
-                    None
-                    if idempotency_key is None
-                    else idempotency_key_of(facts.process_ref, kind, idempotency_key)
+                repeated = await self._repeated(
+                    conn, namespace, process_id, kind, found, idempotency_key
                 )
-            if refusal is not None:
-                raise refusal_error(refusal, namespace, process_id)
+                if repeated is not None:
+                    # the repeat of a task (its answer lost, say): answered as that task
+                    # was, whatever the process became since
+                    facts, key = repeated
+                else:
+                    refusal = admit(kind, found)
+                    if found is None or refusal is not None:
+                        raise refusal_error(refusal or Refusal.NOT_FOUND, namespace, process_id)
+                    facts = found
+                    key = (
+                        None
+                        if idempotency_key is None
+                        else idempotency_key_of(facts.process_ref, kind, idempotency_key)
+                    )
             priority = definition.priority if definition is not None else DEFAULT_PRIORITY
             job = NewJob(
                 task=task_name_of(namespace),
@@ -274,6 +285,26 @@ class Processes:
         metrics.observe_process_stage("request_preparing", namespace, time.perf_counter() - started)
         return result.job_id
 
+    @staticmethod
+    async def _repeated(
+        conn: AnyConnection,
+        namespace: str,
+        process_id: str,
+        kind: TaskKind,
+        live: ProcessFacts | None,
+        idempotency_key: str | None,
+    ) -> tuple[ProcessFacts, str] | None:
+        """The incarnation and key of the task that `idempotency_key` names already (of the
+        live process, else of its newest removed incarnation, removed by that task perhaps),
+        or None: the request is a new task."""
+        if idempotency_key is None:
+            return None
+        facts = live or await store.removed_facts(conn, namespace, process_id)
+        if facts is None:
+            return None
+        key = idempotency_key_of(facts.process_ref, kind, idempotency_key)
+        return None if await store.key_holder(conn, key) is None else (facts, key)
+
     def queue_of(self, namespace: str, queue: str | None = None) -> str:
         """The queue a new process of `namespace` runs its tasks on: its processor's, when
         this program has it (`queue`, if given, must be that one: InvalidJob), else `queue`,
@@ -287,9 +318,10 @@ class Processes:
     async def response(self, task_id: uuid.UUID | str, timeout: float | None = None) -> Any:
         """The response of a task submitted earlier, once it has ended (within `timeout`
         seconds, else ProcessTimeout: the task goes on). A task that ended without one raises
-        what its end means: ProcessNotFound (the process was removed before it ran),
-        ProcessConflict (the process was or went in error before it ran), ProcessTaskFailed
-        (its processor failed: the process is in error now; or it was canceled)."""
+        what its end meant, whatever the process became since: ProcessNotFound (the process
+        was removed before it ran), ProcessConflict (the process was or went in error before
+        it ran), ProcessTaskFailed (its processor failed, putting the process in error; or it
+        was canceled)."""
         task_id = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
         return await self._respond(task_id, timeout, None)
 
@@ -310,12 +342,12 @@ class Processes:
             metrics.observe_process_stage("notification", namespace, heard)
         if state.status is JobStatus.SUCCEEDED:
             return state.result
+        # what the task's end says, not what the process is now: a task asked for again
+        # later answers as it did when it ended
         namespace, process_id = _process_of_key(state.lock_key)
-        process = await self.get(namespace, process_id)
-        if process is None:
-            raise ProcessNotFound(namespace, process_id)
-        if process.status is ProcessStatus.ERROR and process.corrupted_by != task_id:
-            raise refusal_error(Refusal.IN_ERROR, namespace, process_id)
+        refusal = refusal_of(state.error)
+        if refusal is not None:
+            raise refusal_error(refusal, namespace, process_id)
         raise ProcessTaskFailed(
             f"task {task_id} of process {process_id!r} ended {state.status.value}"
             + (f": {state.error}" if state.error else ""),

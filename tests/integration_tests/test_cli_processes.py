@@ -54,6 +54,37 @@ async def test_a_process_in_error_is_refused_a_call_and_repaired(cli: Cli, runni
     assert repaired["response"] == {"repaired": True}
 
 
+async def test_a_repeated_keyed_call_prints_its_answer_after_the_process_failed(
+    cli: Cli, running: Runner
+) -> None:
+    await cli.json("processes", "start", "orders", "o-1", "--args", '{"total": 10}')
+    key = ("--idempotency-key", "pay-1")
+    paid = await cli.json("processes", "call", "orders", "o-1", "--args", '{"x": 1}', *key)
+    failed = await cli("processes", "call", "orders", "o-1", "--args", '{"boom": "x"}')
+    assert "RuntimeError: x" in failed_in_one_line(failed, 1)
+    again = await cli.json("processes", "call", "orders", "o-1", "--args", '{"x": 1}', *key)
+    assert again == paid
+
+
+@pytest.mark.parametrize("process_id", ["report/call", "events", "call"])
+async def test_any_id_is_one_argument(cli: Cli, running: Runner, process_id: str) -> None:
+    await cli.json("processes", "start", "orders", process_id, "--args", '{"total": 1}')
+    called = await cli.json("processes", "call", "orders", process_id, "--args", "{}")
+    assert called["response"] == {"echo": {}, "seen": 1}
+    shown = await cli.json("processes", "show", "orders", process_id)
+    assert shown["process_id"] == process_id
+    events = await cli.json("processes", "events", "orders", process_id)
+    assert [e["event_id"] for e in events["events"]] == [1, 2]
+    await cli.json("processes", "remove", "orders", process_id)
+    gone = await cli("processes", "show", "orders", process_id)
+    assert "not found" in failed_in_one_line(gone, 1)
+
+
+async def test_an_id_a_url_cannot_carry_is_refused_in_one_line(cli: Cli) -> None:
+    refused = await cli("processes", "start", "orders", "..")
+    assert "cannot be a segment of a URL's path" in failed_in_one_line(refused, 2)
+
+
 async def test_a_call_that_gets_no_answer_in_time_exits_5_with_its_task(cli: Cli) -> None:
     # no worker runs the queue: the init waits
     late = await cli("processes", "start", "orders", "o-1", "--timeout", "0.2", "--json")

@@ -3,6 +3,7 @@ what a viewer may do; the browser's view is in test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import html
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,8 @@ import asyncpg
 import httpx
 import pytest
 
+import dataloader
+from dataloader import ProcessStatus, ProcessTaskFailed
 from dataloader.config import CronSpec
 from dataloader.core.retry import Linear
 from dataloader.dashboard.jobs import job_list_of, job_view_of
@@ -27,6 +30,7 @@ from dataloader.workers.job_context import JobContext
 from tests.orders import registry as orders
 
 from .conftest import Service, StartService
+from .test_howtos import BLOCK, HOWTO
 
 READ = "read-token-0123456789abcdef"
 TRIGGER = "trigger-token-0123456789abcdef"
@@ -399,40 +403,93 @@ async def test_a_job_behind_a_running_one_of_its_lock_key_says_which(
     assert f'href="/ui/jobs/{holder}"' in page
 
 
-async def test_a_process_is_listed_shown_called_and_removed(start_service: StartService) -> None:
+def action_of(page: str, action: str) -> str:
+    """Where the page's form of a process's `action` posts (its id as the page wrote it)."""
+    found = re.search(rf'action="([^"]*/process-actions/{action}/[^"]*)"', page)
+    assert found is not None, page
+    return html.unescape(found.group(1))
+
+
+@pytest.mark.parametrize("process_id", ["o/1", "report/call", "events", "call", "50% off?#"])
+async def test_a_process_is_listed_shown_called_repaired_and_removed_through_its_links(
+    start_service: StartService, process_id: str
+) -> None:
+    """Whatever its id, the list links to the process's page and the page's forms act on it
+    (its id is one encoded segment of each URL)."""
     service = await start_service(
         tasks=orders.copy(), workers=[{"queue": "orders", "concurrency": 2}]
     )
-    await service.dl.processes.start("orders", "o/1", {"total": 10})
+    await service.dl.processes.start("orders", process_id, {"total": 10})
     browser = await signed_in(service)
 
     listed = (await browser.get("/ui/processes", params={"namespace": "orders"})).text
-    assert ">o/1</a>" in listed
+    link = re.search(rf'<a href="([^"]+)">{re.escape(html.escape(process_id))}</a>', listed)
+    assert link is not None, listed
     assert "timeout at" in listed
-    page = (await browser.get("/ui/processes/orders/o/1")).text
+    page_url = html.unescape(link.group(1))
+    page = (await browser.get(page_url)).text
     assert "awaiting_payment" in page
     assert "#1" in page  # its history
 
     called = await browser.post(
-        "/ui/process-actions/call/orders/o/1",
-        data={"args": '{"pay": 10}', "csrf_token": csrf_of(page)},
+        action_of(page, "call"), data={"args": '{"pay": 10}', "csrf_token": csrf_of(page)}
     )
     assert called.status_code == 303
     page = (await browser.get(called.headers["location"])).text
     assert "call: {&#34;state&#34;: &#34;paid&#34;}" in page
-    assert (await service.dl.processes.get("orders", "o/1")).aux_state["state"] == "paid"  # type: ignore[union-attr]
+    assert (await service.dl.processes.get("orders", process_id)).aux_state["state"] == "paid"  # type: ignore[union-attr]
 
     bad = await browser.post(
-        "/ui/process-actions/call/orders/o/1", data={"args": "{", "csrf_token": csrf_of(page)}
+        action_of(page, "call"), data={"args": "{", "csrf_token": csrf_of(page)}
     )
     assert bad.status_code == 400
+    failed = await browser.post(
+        action_of(page, "call"), data={"args": '{"boom": "x"}', "csrf_token": csrf_of(page)}
+    )
+    page = (await browser.get(failed.headers["location"])).text
+    repaired = await browser.post(action_of(page, "repair"), data={"csrf_token": csrf_of(page)})
+    page = (await browser.get(repaired.headers["location"])).text
+    assert "repair: {&#34;repaired&#34;: true}" in page
     removed = await browser.post(
-        "/ui/process-actions/remove/orders/o/1",
-        data={"csrf_token": csrf_of(page), "confirmed": "yes"},
+        action_of(page, "remove"), data={"csrf_token": csrf_of(page), "confirmed": "yes"}
     )
     assert removed.status_code == 303
-    assert await service.dl.processes.get("orders", "o/1") is None
-    assert (await browser.get("/ui/processes/orders/o/1")).status_code == 404
+    assert await service.dl.processes.get("orders", process_id) is None
+    assert (await browser.get(page_url)).status_code == 404
+
+
+def howto_processor(monkeypatch: pytest.MonkeyPatch) -> TaskRegistry:
+    """The processor of docs/howto/processes.md (its first program block, as the page has
+    it), registered in a registry of the test's."""
+    page = (HOWTO / "processes.md").read_text(encoding="utf-8")
+    first = next(code for language, code in BLOCK.findall(page) if language == "python")
+    local = TaskRegistry()
+    monkeypatch.setattr(dataloader, "process", local.process)
+    monkeypatch.setenv("DL_DB_DSN", "postgresql://unused")  # read by the page, not used here
+    exec(compile(first, "docs/howto/processes.md", "exec"), {"__name__": "howto_orders"})
+    return local
+
+
+async def test_repair_on_the_page_repairs_a_process_of_the_how_tos_processor(
+    start_service: StartService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = await start_service(
+        tasks=howto_processor(monkeypatch), workers=[{"queue": "orders", "concurrency": 2}]
+    )
+    await service.dl.processes.start("orders", "order-42", {"total": 100})
+    with pytest.raises(ProcessTaskFailed, match="KeyError"):
+        await service.dl.processes.call("orders", "order-42", {})  # a payment without amount
+    browser = await signed_in(service)
+    page = (await browser.get("/ui/processes/orders/order-42")).text
+    repaired = await browser.post(action_of(page, "repair"), data={"csrf_token": csrf_of(page)})
+    assert repaired.status_code == 303
+    page = (await browser.get(repaired.headers["location"])).text
+    assert "repair: {&#34;state&#34;: &#34;awaiting_payment&#34;" in page, page
+    process = await service.dl.processes.get("orders", "order-42")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+    paid = await service.dl.processes.call("orders", "order-42", {"amount": 100})
+    assert paid["state"] == "paid"
 
 
 async def test_jobs_matching_a_filter_are_counted_then_canceled_in_bulk(

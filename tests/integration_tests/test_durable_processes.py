@@ -226,6 +226,77 @@ async def test_a_failing_processor_puts_the_process_in_error_until_repaired(
     assert again.value.reason == "not_in_error"
 
 
+async def repaired_events(dl: Client, namespace: str, process_id: str) -> int:
+    events = await dl.processes.events(namespace, process_id)
+    return sum(1 for e in events if e.payload == {"repaired": True})
+
+
+async def test_repairs_admitted_together_run_the_processor_once(dl: Client) -> None:
+    """Three repairs are all admitted while the process is in error (its queue paused, so
+    that none runs before the last is in); the first to run repairs it, the others find it
+    repaired when they run and are refused as a later repair is."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.call("orders", "o-1", {"boom": "no"})
+    await dl.pause("orders")
+    tasks = [await dl.processes.submit("orders", "o-1", TaskKind.REPAIR) for _ in range(3)]
+    await dl.resume("orders")
+    answers = await asyncio.gather(
+        *(dl.processes.response(task_id, 30) for task_id in tasks), return_exceptions=True
+    )
+    assert answers[0] == {"repaired": True}
+    for refused in answers[1:]:
+        assert isinstance(refused, ProcessConflict), refused
+        assert refused.reason == "not_in_error"
+    assert await repaired_events(dl, "orders", "o-1") == 1
+    process = await dl.processes.get("orders", "o-1")
+    assert process is not None
+    assert process.status is ProcessStatus.RUNNING
+
+
+async def test_concurrent_repairs_and_removals_each_take_effect_once(dl: Client) -> None:
+    """Sent together, with real concurrency: one repair repairs, one removal removes; the
+    others get what a later one gets (409 not_in_error, 404)."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.call("orders", "o-1", {"boom": "no"})
+    repairs = await asyncio.gather(
+        *(dl.processes.repair("orders", "o-1") for _ in range(5)), return_exceptions=True
+    )
+    assert sum(1 for a in repairs if a == {"repaired": True}) == 1, repairs
+    assert all(
+        isinstance(a, ProcessConflict) and a.reason == "not_in_error"
+        for a in repairs
+        if a != {"repaired": True}
+    ), repairs
+    assert await repaired_events(dl, "orders", "o-1") == 1
+    removals = await asyncio.gather(
+        *(dl.processes.remove("orders", "o-1") for _ in range(5)),
+        *(dl.processes.call("orders", "o-1", {"x": n}) for n in range(5)),
+        return_exceptions=True,
+    )
+    assert sum(1 for r in removals[:5] if r is None) == 1, removals
+    assert all(isinstance(r, ProcessNotFound) for r in removals[:5] if r is not None), removals
+    # a call answered before the removal, or not found: never a failure
+    assert all(isinstance(r, dict | ProcessNotFound) for r in removals[5:]), [
+        repr(r) for r in removals[5:]
+    ]
+
+
+async def test_a_call_queued_behind_a_removal_is_not_found_even_once_the_id_lives_again(
+    dl: Client,
+) -> None:
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    await dl.pause("orders")
+    removal = await dl.processes.submit("orders", "o-1", TaskKind.REMOVE)
+    call = await dl.processes.submit("orders", "o-1", TaskKind.CALL, {"x": 1})
+    await dl.resume("orders")
+    assert await dl.processes.response(removal, 30) is None
+    await dl.processes.start("orders", "o-1", {"total": 1})
+    with pytest.raises(ProcessNotFound):
+        await dl.processes.response(call, 30)
+
+
 async def test_a_processor_that_fails_and_then_succeeds_is_called_again_in_the_same_claim(
     dl: Client,
 ) -> None:
@@ -284,6 +355,55 @@ async def test_a_call_with_an_idempotency_key_is_one_task(
     )
     assert answers[0] == answers[1] == answers[2]
     assert await events_of(conn, "steered", "p") == [1, 2]
+
+
+async def test_a_repeated_keyed_call_answers_as_it_did_whatever_the_process_became(
+    dl: Client,
+) -> None:
+    """A caller who lost the answer of an applied call and calls again with its key gets that
+    answer, not a refusal from the process's state since: in error, repaired, removed."""
+    await dl.processes.start("orders", "o-1", {"total": 10})
+    paid = await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1")
+    with pytest.raises(ProcessTaskFailed) as failed:
+        await dl.processes.call("orders", "o-1", {"boom": "no"}, idempotency_key="boom-1")
+    assert await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1") == paid
+    with pytest.raises(ProcessConflict) as other_args:
+        await dl.processes.call("orders", "o-1", {"x": 2}, idempotency_key="pay-1")
+    assert other_args.value.reason == "idempotency_key_reused"
+    await dl.processes.repair("orders", "o-1")
+    with pytest.raises(ProcessTaskFailed) as again:  # it failed, whatever came after
+        await dl.processes.call("orders", "o-1", {"boom": "no"}, idempotency_key="boom-1")
+    assert again.value.task_id == failed.value.task_id
+    await dl.processes.remove("orders", "o-1")
+    assert await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1") == paid
+    with pytest.raises(ProcessNotFound):  # a new call to the removed process
+        await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-2")
+    await dl.processes.start("orders", "o-1", {"total": 1})
+    # a new incarnation: the key is free again, for a call of its own
+    await dl.processes.call("orders", "o-1", {"x": 1}, idempotency_key="pay-1")
+    assert [e.payload for e in await dl.processes.events("orders", "o-1")][1:] == [{"x": 1}]
+
+
+async def test_a_task_refused_when_it_ran_answers_so_whatever_the_process_became(
+    dl: Client,
+) -> None:
+    """A call queued behind a step that fails is refused `in_error`; asked for again after
+    the repair, it still says so (not that its processor failed)."""
+    await dl.processes.start("steered", "p")
+    blocker = await dl.processes.submit(
+        "steered", "p", TaskKind.CALL, {"sleep": 0.3, "fail_until_attempt": 9}
+    )
+    await wait_until(lambda: running(dl, blocker), what="the failing call to run")
+    queued = await dl.processes.submit("steered", "p", TaskKind.CALL, {"x": 1})
+    with pytest.raises(ProcessTaskFailed):
+        await dl.processes.response(blocker, 30)
+    with pytest.raises(ProcessConflict) as refused:
+        await dl.processes.response(queued, 30)
+    assert refused.value.reason == "in_error"
+    await dl.processes.repair("steered", "p")
+    with pytest.raises(ProcessConflict) as still:
+        await dl.processes.response(queued, 30)
+    assert still.value.reason == "in_error"
 
 
 async def test_remove_frees_the_id_and_cancels_the_timer(

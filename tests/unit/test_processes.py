@@ -38,6 +38,8 @@ from dataloader.core.processes import (
     on_removal,
     on_zombie,
     priority_of,
+    refusal_of,
+    refused_error,
     task_name_of,
 )
 
@@ -96,6 +98,19 @@ def test_a_start_of_a_taken_id_returns_it_with_the_same_args_and_is_refused_with
 # before a step -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("refusal", list(Refusal))
+def test_a_task_refused_when_it_runs_says_so_in_its_error(refusal: Refusal) -> None:
+    assert refusal_of(refused_error(refusal, "why")) is refusal
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, "", "RuntimeError: refused (in_error): no", "refused (other): x", "refused (in_error)"],
+)
+def test_no_other_error_reads_as_a_refusal(error: str | None) -> None:
+    assert refusal_of(error) is None
+
+
 def test_a_task_of_a_running_process_runs() -> None:
     assert before_step(running(), args(TaskKind.CALL), TASK, 1, idempotent=False) is Before.RUN
 
@@ -126,6 +141,18 @@ def test_only_a_repair_or_a_removal_runs_on_a_process_in_error() -> None:
     )
     assert before_step(in_error(), args(TaskKind.REPAIR), TASK, 1, idempotent=False) is Before.RUN
     assert before_step(in_error(), args(TaskKind.REMOVE), TASK, 1, idempotent=False) is Before.RUN
+
+
+@pytest.mark.parametrize("status", [ProcessStatus.INIT, ProcessStatus.RUNNING])
+def test_a_repair_that_comes_to_run_on_a_process_not_in_error_is_refused(
+    status: ProcessStatus,
+) -> None:
+    """Repairs admitted together: the first returns the process to `running`, the others
+    find it so when they run."""
+    process = ProcessFacts(7, status)
+    assert before_step(process, args(TaskKind.REPAIR), TASK, 1, idempotent=True) is (
+        Before.NOT_IN_ERROR
+    )
 
 
 def test_a_second_attempt_is_a_zombie_unless_the_processor_is_idempotent() -> None:

@@ -244,6 +244,11 @@ def test_a_hand_back_with_a_cancel_requested_is_canceled_without_refund() -> Non
     assert (t.attempt, t.handbacks) == (2, 1)
 
 
+def test_a_job_its_worker_ends_canceled_keeps_the_reason_it_gives() -> None:
+    t = decide(Outcome(Ended.CANCELED, "the process was removed"), running(attempt=1))
+    assert (t.status, t.error) == (JobStatus.CANCELED, "the process was removed")
+
+
 def test_an_honoured_cancel_ends_canceled() -> None:
     t = decide(Outcome(Ended.CANCELED, duration_ms=8), running(attempt=1, cancel=True))
     assert t.status is JobStatus.CANCELED

@@ -221,15 +221,28 @@ def _one_time(in_sec: float | None, at: datetime | None, what: str) -> None:
 # names and keys -----------------------------------------------------------------------------
 
 
+#: Texts a URL cannot carry as a path segment: browsers and HTTP clients resolve them away
+#: (`a/./b` is `a/b`), even percent-encoded. A process's namespace and id are each one segment
+#: of its URLs (`api.segments`), so they are refused as either.
+DOT_SEGMENTS: Final = frozenset({".", ".."})
+
+
 def check_namespace(value: object) -> str:
     """A namespace: a name of NAMESPACE_MAX_CHARS characters at most (its task's name is a
-    name too)."""
-    return limits.check_text(value, NAMESPACE_MAX_CHARS)
+    name too), not `.` or `..` (see DOT_SEGMENTS)."""
+    return _addressable(limits.check_text(value, NAMESPACE_MAX_CHARS))
 
 
 def check_process_id(value: object) -> str:
-    """A process_id: text of 1 to PROCESS_ID_MAX_CHARS characters."""
-    return limits.check_text(value, PROCESS_ID_MAX_CHARS)
+    """A process_id: text of 1 to PROCESS_ID_MAX_CHARS characters, any but `.` and `..` (see
+    DOT_SEGMENTS)."""
+    return _addressable(limits.check_text(value, PROCESS_ID_MAX_CHARS))
+
+
+def _addressable(text: str) -> str:
+    if text in DOT_SEGMENTS:
+        raise ValueError(f"{text!r} cannot be a segment of a URL's path")
+    return text
 
 
 def task_name_of(namespace: str) -> str:
@@ -331,6 +344,29 @@ class Refusal(StrEnum):
         return self is not Refusal.NOT_FOUND
 
 
+#: How the job of a task that did not run says why (its `error`, `refused_error`): a caller
+#: who waits for the task, or asks for it again later, gets the refusal it would have had at
+#: submit, whatever the process became since.
+_REFUSED: Final = "refused ({reason}): "
+
+
+def refused_error(refusal: Refusal, why: str) -> str:
+    """The `error` of the job of a task refused when it came to run (`refusal_of` reads it
+    back): no exception's `Type: message` starts so."""
+    return _REFUSED.format(reason=refusal.value) + why
+
+
+def refusal_of(error: str | None) -> Refusal | None:
+    """The refusal the job of a task ended with (see `refused_error`), or None."""
+    head = _REFUSED.split("{", 1)[0]
+    if error is None or not error.startswith(head):
+        return None
+    reason, sep, _ = error[len(head) :].partition("): ")
+    if not sep or reason not in Refusal._value2member_map_:
+        return None
+    return Refusal(reason)
+
+
 def admit(kind: TaskKind, process: ProcessFacts | None) -> Refusal | None:
     """Whether an external task (or a removal) of `kind` is accepted for `process` (None: no
     such process). A call goes to a process that is not in `error`; a repair only to one in
@@ -371,6 +407,9 @@ class Before(Enum):
     GONE = "gone"
     #: The process is in `error` and the task is not a repair: the task fails.
     IN_ERROR = "in_error"
+    #: A repair of a process that is not in `error` (another repair, admitted beside it, ran
+    #: first): the task fails, as a later repair is refused.
+    NOT_IN_ERROR = "not_in_error"
     #: An earlier attempt of this task started and never saved: a zombie.
     ZOMBIE = "zombie"
 
@@ -386,13 +425,20 @@ def before_step(
     """What a claimed task of a process does. `attempt` is the job's: above 1, an earlier
     attempt ran and ended without saving (its worker died, was cut off, or the step outran its
     timeout): unless the processor is idempotent, the process may be half-way through a side
-    effect, and goes to `error` rather than run the step twice."""
+    effect, and goes to `error` rather than run the step twice.
+
+    The state a caller's task was admitted on (`admit`) is checked again here, where it
+    holds until the step is saved (a process's tasks run one at a time, and nothing else
+    writes its row): tasks admitted together, or before a step that changed the state, are
+    refused as a later one would be."""
     if process is None or process.process_ref != task.process_ref:
         return Before.GONE
     if task.timer and process.timer_task != task_id:
         return Before.STALE_TIMER
     if process.status is ProcessStatus.ERROR and task.kind not in RUN_IN_ERROR:
         return Before.IN_ERROR
+    if task.kind is TaskKind.REPAIR and process.status is not ProcessStatus.ERROR:
+        return Before.NOT_IN_ERROR
     if attempt > 1 and not idempotent:
         return Before.ZOMBIE
     return Before.RUN

@@ -198,6 +198,10 @@ def after_attempt(
         # a failure, a hand-back or a cancel: the cancel request wins (with no request, only
         # a worker bug gets here)
         transition = Transition(JobStatus.CANCELED, "canceled", job.attempt, job.handbacks, **ran)
+        if ended is Ended.CANCELED and outcome.error is not None:
+            # a worker that ends its job canceled says why (a process's task whose process is
+            # gone: its caller reads it back)
+            transition.error = outcome.error
     else:
         # not `retry` itself: a policy that misbehaved would be asked again and misbehave
         transition = _failed(outcome, job, retry, fallback or Linear(), ran)

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
+from dataloader.api.segments import segment
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core import display
@@ -85,7 +86,13 @@ def shown(value: Any) -> Any:
 
 templates.env.finalize = shown
 templates.env.filters.update(
-    pretty_json=pretty_json, masked=masked, ago=ago, span=span, stamp=stamp, verbatim=Verbatim
+    pretty_json=pretty_json,
+    masked=masked,
+    ago=ago,
+    span=span,
+    stamp=stamp,
+    verbatim=Verbatim,
+    segment=segment,  # a process's namespace or id in a URL: one segment, `/` encoded
 )
 
 

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
+from dataloader.api.segments import SegmentRoute, segment
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.limits import BIGINT_MAX
@@ -34,7 +35,8 @@ from dataloader.exceptions import (
     ProcessTimeout,
 )
 
-router = APIRouter(prefix=PREFIX)
+#: A process's namespace and id are one percent-encoded segment each, as in the API's routes.
+router = APIRouter(prefix=PREFIX, route_class=SegmentRoute)
 
 #: Processes a page of the list shows, and events a page of a history.
 PAGE_SIZE = 50
@@ -99,7 +101,7 @@ async def processes(
 
 
 @router.get(
-    "/processes/{namespace}/{process_id:path}",
+    "/processes/{namespace:dl_segment}/{process_id:dl_segment}",
     response_class=HTMLResponse,
     include_in_schema=False,
 )
@@ -127,7 +129,10 @@ def _args(text: str) -> Any:
         raise HTTPException(400, f"args: not JSON ({exc})") from None
 
 
-@router.post("/process-actions/{action}/{namespace}/{process_id:path}", include_in_schema=False)
+@router.post(
+    "/process-actions/{action}/{namespace:dl_segment}/{process_id:dl_segment}",
+    include_in_schema=False,
+)
 async def act(
     request: Request,
     client: PageClient,
@@ -145,7 +150,7 @@ async def act(
     if needed is None:
         raise HTTPException(404, f"no action {action!r}")
     authorize_action(request, viewer, csrf_token, needed)
-    page = f"{PREFIX}/processes/{quote(namespace, safe='')}/{quote(process_id, safe='')}"
+    page = f"{PREFIX}/processes/{segment(namespace)}/{segment(process_id)}"
     if action == "remove" and confirmed != "yes":
         return confirm_page(
             request,
@@ -153,8 +158,7 @@ async def act(
             title=f"Remove process {process_id}",
             question=f"Remove the process {process_id!r} of namespace {namespace!r}? Its state,"
             " its pending timer and its history are deleted; this cannot be undone.",
-            action=f"{PREFIX}/process-actions/remove/{quote(namespace, safe='')}"
-            f"/{quote(process_id, safe='')}",
+            action=f"{PREFIX}/process-actions/remove/{segment(namespace)}/{segment(process_id)}",
             button="Yes, remove it",
             back=page,
         )

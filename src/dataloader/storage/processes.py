@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, overload
@@ -27,9 +27,11 @@ from dataloader.core.processes import (
     Process,
     ProcessFacts,
     ProcessStatus,
+    Refusal,
     StepWrite,
     TaskKind,
     Timer,
+    refused_error,
 )
 from dataloader.core.transitions import Transition, on_cancel
 from dataloader.storage import queries, transitions
@@ -56,6 +58,15 @@ FROM dl_processes
 WHERE namespace = :namespace AND process_id = :process_id AND removed_at IS NULL
 """)
 
+#: The facts of the newest removed incarnation of an id (ix_dl_processes_removed_id), for the
+#: repeat of a keyed task that no live process holds.
+REMOVED_FACTS: Final = Statement("""
+SELECT process_ref, queue, status, timer_task, init_args::text AS init_args
+FROM dl_processes
+WHERE namespace = :namespace AND process_id = :process_id AND removed_at IS NOT NULL
+ORDER BY process_ref DESC
+LIMIT 1
+""")
 
 #: A live process as readers see it, by its id.
 GET_PROCESS: Final = Statement("""
@@ -245,7 +256,7 @@ LIMIT :limit
 
 #: The queued tasks of processes (jobs of their lock_keys), to cancel.
 QUEUED_TASKS: Final = Statement("""
-SELECT job_id FROM dl_jobs
+SELECT job_id, lock_key FROM dl_jobs
 WHERE status = 'queued'
   AND hashtext(lock_key) = ANY(ARRAY(SELECT hashtext(k) FROM unnest(:lock_keys::text[]) k))
   AND lock_key = ANY(:lock_keys::text[]) AND NOT lock_free
@@ -376,17 +387,18 @@ class StepSave:
         a few statements whatever their number: the tasks and timers they cancel, the new
         timers' jobs, the processes and their events."""
         saves, later = _once_each(saves)
-        keys = [s.lock_key for s in saves if s.write.cancel_queued]
-        doomed: list[uuid.UUID] = []
-        if keys:
-            doomed = [r["job_id"] for r in await conn.fetch(*QUEUED_TASKS.bind(lock_keys=keys))]
-        doomed += [
-            s.write.cancel_timer
-            for s in saves
-            if not s.write.cancel_queued and s.write.cancel_timer is not None
-        ]
-        ending = {s.task_id for s in saves}
-        doomed = [job_id for job_id in doomed if job_id not in ending]
+        # why the queued tasks of a process that is removed, or goes to `error`, never run:
+        # what their callers get (`core.processes.refusal_of`)
+        why = {s.lock_key: _why_canceled(s.write) for s in saves if s.write.cancel_queued}
+        doomed: dict[uuid.UUID, str | None] = {}
+        if why:
+            rows = await conn.fetch(*QUEUED_TASKS.bind(lock_keys=list(why)))
+            doomed = {r["job_id"]: why[r["lock_key"]] for r in rows}
+        for s in saves:
+            if not s.write.cancel_queued and s.write.cancel_timer is not None:
+                doomed[s.write.cancel_timer] = None  # a timer: nobody waits for it
+        for s in saves:
+            doomed.pop(s.task_id, None)
         if doomed:
             await cancel_queued(conn, doomed)
         with_timer = [s for s in saves if s.timer_job is not None]
@@ -420,16 +432,25 @@ def _once_each(saves: Sequence[StepSave]) -> tuple[list[StepSave], list[StepSave
     return first, rest
 
 
-async def cancel_queued(conn: AnyConnection, job_ids: list[uuid.UUID]) -> None:
-    """End canceled those of `job_ids` that are still queued, in the caller's transaction
-    (their rows locked first, so the fence holds): a journal entry each, and whoever waits
-    for them woken, as a client's cancel does."""
-    rows = await conn.fetch(*QUEUED_FACTS.bind(job_ids=job_ids))
+def _why_canceled(write: StepWrite) -> str:
+    """The `error` of the queued tasks that the save of `write` cancels."""
+    if write.removed:
+        return refused_error(Refusal.NOT_FOUND, "the process was removed before the task ran")
+    return refused_error(Refusal.IN_ERROR, "the process went in error before the task ran")
+
+
+async def cancel_queued(conn: AnyConnection, job_errors: Mapping[uuid.UUID, str | None]) -> None:
+    """End canceled those jobs of `job_errors` that are still queued, each with its error
+    (None: none), in the caller's transaction (their rows locked first, so the fence holds):
+    a journal entry each, and whoever waits for them woken, as a client's cancel does."""
+    rows = await conn.fetch(*QUEUED_FACTS.bind(job_ids=list(job_errors)))
     items = []
     for row in rows:
         fence = Fence(row["job_id"], transitions.facts_of(row))
         decided = on_cancel(fence.facts)
         if isinstance(decided, Transition):
+            if (error := job_errors[fence.job_id]) is not None:
+                decided.error = error
             items.append((fence, decided))
     if items:
         states = await set_states(conn, items, actor_role="by", actor=PROCESS_ACTOR)
@@ -530,6 +551,22 @@ async def process_facts(
 ) -> ProcessFacts | None:
     row = await conn.fetchrow(*PROCESS_FACTS.bind(namespace=namespace, process_id=process_id))
     return None if row is None else facts_of(row)
+
+
+async def removed_facts(
+    conn: AnyConnection, namespace: str, process_id: str
+) -> ProcessFacts | None:
+    """The newest removed incarnation of the id, if retention has not pruned it."""
+    row = await conn.fetchrow(*REMOVED_FACTS.bind(namespace=namespace, process_id=process_id))
+    return None if row is None else facts_of(row)
+
+
+async def key_holder(conn: AnyConnection, idempotency_key: str) -> uuid.UUID | None:
+    """The task (job) that holds `idempotency_key`, if any."""
+    holder: uuid.UUID | None = await conn.fetchval(
+        *queries.JOB_BY_IDEMPOTENCY_KEY.bind(idempotency_key=idempotency_key)
+    )
+    return holder
 
 
 async def get_process(conn: AnyConnection, namespace: str, process_id: str) -> Process | None:

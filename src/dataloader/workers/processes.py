@@ -39,6 +39,7 @@ from dataloader.core.processes import (
     Process,
     ProcessResult,
     ProcessTask,
+    Refusal,
     StepWrite,
     TaskArgs,
     TaskKind,
@@ -49,6 +50,7 @@ from dataloader.core.processes import (
     on_removal,
     on_zombie,
     priority_of,
+    refused_error,
     task_name_of,
 )
 from dataloader.core.retry import Linear, delay_of
@@ -72,9 +74,19 @@ log = logging.getLogger(__name__)
 #: Delays between a processor's attempts when its namespace names no retry policy.
 DEFAULT_RETRY: Final = Linear(1.0)
 
+#: The tasks that end canceled without running, and their error.
 _NOT_RUN: Final = {
-    Before.GONE: "the process was removed before the task ran",
+    Before.GONE: refused_error(Refusal.NOT_FOUND, "the process was removed before the task ran"),
     Before.STALE_TIMER: "the timer was replaced or unset before it fired",
+}
+
+#: The tasks that fail without running, refused by their process's state as they would have
+#: been at submit, and their error.
+_REFUSED: Final = {
+    Before.IN_ERROR: refused_error(Refusal.IN_ERROR, "the process is in error: only a repair runs"),
+    Before.NOT_IN_ERROR: refused_error(
+        Refusal.NOT_IN_ERROR, "the process is not in error (repaired already): nothing to repair"
+    ),
 }
 
 
@@ -123,10 +135,8 @@ class ProcessSteps:
             return Outcome(Ended.CANCELED, _NOT_RUN[before])
         assert found is not None
         assert facts is not None
-        if before is Before.IN_ERROR:
-            return Outcome(
-                Ended.FAILED, "the process is in error: only a repair runs", retryable=False
-            )
+        if before in _REFUSED:
+            return Outcome(Ended.FAILED, _REFUSED[before], retryable=False)
         if before is Before.ZOMBIE:
             zombie = on_zombie(facts, job.job_id)
             return self._broken(namespace, found, args, running, zombie, _ZOMBIE)

@@ -3,10 +3,14 @@ response after a 504; refusals (404, 409, 422) and scopes."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from urllib.parse import quote
 
 import pytest
 
+from dataloader import InvalidJob
 from tests.orders import registry as orders
 
 from ..conftest import Service, StartService
@@ -47,14 +51,61 @@ async def test_a_process_is_started_called_read_and_removed_over_http(service: S
     assert gone.status_code == 404
 
 
-async def test_an_id_with_a_slash_is_one_process(service: Service) -> None:
-    http, trigger = service.client, bearer(TRIGGER)
-    started = await http.post(
-        f"{BASE}/orders/2026/11/o-1", json={"args": {"total": 1}}, headers=trigger
-    )
-    assert started.json()["process"]["process_id"] == "2026/11/o-1"
-    called = await http.post(f"{BASE}/orders/2026/11/o-1/call", json={"args": {}}, headers=trigger)
-    assert called.status_code == 200, called.text
+#: Ids that spell another route's path unless each is one percent-encoded segment.
+AWKWARD_IDS = [
+    "report/call",
+    "events",
+    "call",
+    "repair",
+    "a/events",
+    "2026/11/",
+    "50% off?#x",
+    "é/",
+]
+
+
+@pytest.mark.parametrize("process_id", AWKWARD_IDS)
+async def test_every_route_serves_any_id_as_one_encoded_segment(
+    service: Service, process_id: str
+) -> None:
+    http, admin, trigger, read = service.client, bearer(ADMIN), bearer(TRIGGER), bearer(READ)
+    path = f"{BASE}/orders/{quote(process_id, safe='')}"
+    started = await http.post(path, json={"args": {"total": 1}}, headers=trigger)
+    assert started.status_code == 200, started.text
+    assert started.json()["process"]["process_id"] == process_id
+    called = await http.post(f"{path}/call", json={"args": {"boom": "x"}}, headers=trigger)
+    assert (called.status_code, called.json()["reason"]) == (409, "task_failed")
+    repaired = await http.post(f"{path}/repair", json={}, headers=admin)
+    assert repaired.json()["response"] == {"repaired": True}, repaired.text
+    got = await http.get(path, headers=read)
+    assert (got.status_code, got.json()["process_id"]) == (200, process_id)
+    events = await http.get(f"{path}/events", headers=read)
+    assert [e["payload"] for e in events.json()["events"]][-1] == {"repaired": True}
+    removed = await http.delete(path, headers=admin)
+    assert removed.status_code == 200, removed.text
+    assert (await http.get(path, headers=read)).status_code == 404
+
+
+async def test_an_id_that_is_a_routes_word_is_not_a_sub_resource(service: Service) -> None:
+    http, trigger, read = service.client, bearer(TRIGGER), bearer(READ)
+    for process_id in ("call", "events"):
+        await http.post(f"{BASE}/orders/{process_id}", json={"args": {"total": 1}}, headers=trigger)
+    got = await http.get(f"{BASE}/orders/events", headers=read)
+    assert got.json()["process_id"] == "events"
+    events = await http.get(f"{BASE}/orders/events/events", headers=read)
+    assert [e["payload"] for e in events.json()["events"]] == [{"created": {"total": 1}}]
+    called = await http.post(f"{BASE}/orders/call/call", json={"args": {}}, headers=trigger)
+    assert called.json()["response"] == {"echo": {}, "seen": 1}
+    # an unencoded slash is a segment of its own: no route has that many
+    assert (await http.get(f"{BASE}/orders/report/call/x", headers=read)).status_code == 404
+
+
+@pytest.mark.parametrize("process_id", [".", ".."])
+async def test_an_id_a_url_cannot_carry_is_refused_at_start(
+    service: Service, process_id: str
+) -> None:
+    with pytest.raises(InvalidJob, match="cannot be a segment of a URL's path"):
+        await service.dl.processes.start("orders", process_id, {"total": 1})
 
 
 async def test_refusals_are_404_and_409_with_their_reason(service: Service) -> None:
@@ -77,6 +128,38 @@ async def test_refusals_are_404_and_409_with_their_reason(service: Service) -> N
     assert (again.status_code, again.json()["reason"]) == (409, "not_in_error")
 
 
+async def test_a_repeated_keyed_call_gets_its_answer_after_the_process_failed(
+    service: Service,
+) -> None:
+    http, trigger = service.client, bearer(TRIGGER)
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    call = {"args": {"x": 1}, "idempotency_key": "pay-1"}
+    paid = await http.post(f"{BASE}/orders/o-1/call", json=call, headers=trigger)
+    assert paid.status_code == 200, paid.text
+    failed = await http.post(
+        f"{BASE}/orders/o-1/call", json={"args": {"boom": "x"}}, headers=trigger
+    )
+    assert (failed.status_code, failed.json()["reason"]) == (409, "task_failed")
+    again = await http.post(f"{BASE}/orders/o-1/call", json=call, headers=trigger)
+    assert (again.status_code, again.json()) == (200, paid.json())
+
+
+async def test_repairs_sent_together_repair_once_and_the_others_are_409(
+    service: Service,
+) -> None:
+    http, admin, trigger = service.client, bearer(ADMIN), bearer(TRIGGER)
+    await http.post(f"{BASE}/orders/o-1", json={"args": {"total": 10}}, headers=trigger)
+    await http.post(f"{BASE}/orders/o-1/call", json={"args": {"boom": "x"}}, headers=trigger)
+    answers = await asyncio.gather(
+        *(http.post(f"{BASE}/orders/o-1/repair", json={}, headers=admin) for _ in range(3))
+    )
+    assert sorted(a.status_code for a in answers) == [200, 409, 409], [a.text for a in answers]
+    assert {a.json()["reason"] for a in answers if a.status_code == 409} == {"not_in_error"}
+    events = await http.get(f"{BASE}/orders/o-1/events", headers=admin)
+    payloads = [e["payload"] for e in events.json()["events"]]
+    assert payloads.count({"repaired": True}) == 1
+
+
 async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later(
     start_service: StartService,
 ) -> None:
@@ -94,10 +177,43 @@ async def test_a_response_not_given_in_time_is_a_504_with_the_task_to_read_later
     assert still.json()["task_id"] == task_id
 
 
+async def test_a_request_may_ask_for_a_wait_the_setting_allows_beyond_a_minute(
+    start_service: StartService,
+) -> None:
+    """DL_PROCESS_WAIT_MAX_SEC may be raised to 3,600 s, and the routes honour it."""
+    service = await start_service(
+        tasks=orders.copy(),
+        workers=[{"queue": "orders", "concurrency": 2}],
+        process_wait_max_sec=600,
+    )
+    path = f"{BASE}/orders/o-1"
+    started = await service.client.post(path, json={"args": {"total": 1}, "timeout_sec": 600})
+    assert started.status_code == 200, started.text
+    called = await service.client.post(f"{path}/call", json={"args": {}, "timeout_sec": 120})
+    assert called.status_code == 200, called.text
+    task_id = called.json()["task_id"]
+    read = await service.client.get(f"/api/v1/process-tasks/{task_id}", params={"timeout_sec": 90})
+    assert read.status_code == 200, read.text
+    removed = await service.client.delete(path, params={"timeout_sec": 3600})
+    assert removed.status_code == 200, removed.text
+
+
+async def test_a_request_that_asks_for_more_than_the_setting_waits_the_setting(
+    start_service: StartService,
+) -> None:
+    service = await start_service(run_workers=False, tasks=orders.copy(), process_wait_max_sec=0.2)
+    started = time.monotonic()
+    late = await service.client.post(
+        f"{BASE}/orders/o-1", json={"args": {"total": 1}, "timeout_sec": 3600}
+    )
+    assert late.status_code == 504, late.text
+    assert time.monotonic() - started < 30  # the setting's 0.2 s (generously), not an hour
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        (f"{BASE}/orders/o-1", {"timeout_sec": 61}),
+        (f"{BASE}/orders/o-1", {"timeout_sec": 3601}),
         (f"{BASE}/orders/o-1", {"timeout_sec": 0}),
         (f"{BASE}/orders/o-1", {"args": {"x": "\u0000"}}),
         (f"{BASE}/orders/o-1", {"metadata": [1]}),

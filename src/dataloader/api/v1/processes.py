@@ -1,7 +1,8 @@
 """API v1 routes of durable processes (`client.processes`): start, call, repair, remove, read.
 
 `start`, `call` and `repair` answer with the processor's response, waiting for it up to the
-request's `timeout_sec` (at most MAX_WAIT_SEC); past it, 504 with the task's id, whose response
+request's `timeout_sec` (DL_PROCESS_WAIT_MAX_SEC at most, whatever the request asks for, up to
+MAX_WAIT_SEC); past it, 504 with the task's id, whose response
 `GET /api/v1/process-tasks/{task_id}` waits for again (the task goes on). Scopes as for jobs:
 `read` reads, `trigger` starts and calls, `admin` repairs and removes.
 """
@@ -14,14 +15,14 @@ from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from starlette.convertors import Convertor, register_url_convertor
 
 from dataloader.api.auth import AUTH_ERRORS, Actor, AuthorizedRoute, requires
 from dataloader.api.deps import from_state
+from dataloader.api.segments import SegmentRoute
 from dataloader.api.v1.schemas import UNPARSABLE_BODY, ErrorResponse, IdempotencyKey, Name
 from dataloader.api.v1.service import JobsService
 from dataloader.client import Client
-from dataloader.config import Scope
+from dataloader.config import PROCESS_WAIT_BOUND_SEC, Scope
 from dataloader.core.processes import (
     NAMESPACE_MAX_CHARS,
     PROCESS_ID_MAX_CHARS,
@@ -36,33 +37,23 @@ from dataloader.core.processes import (
 from dataloader.exceptions import ProcessNotFound
 from dataloader.processes import MAX_PAGE
 
-#: Longest wait for a response a request may ask for.
-MAX_WAIT_SEC: Final = 60.0
+#: Longest wait for a response a request may ask for: the bound of DL_PROCESS_WAIT_MAX_SEC.
+#: A request waits the smaller of its `timeout_sec` and the setting (`_response`).
+MAX_WAIT_SEC: Final = PROCESS_WAIT_BOUND_SEC
 DEFAULT_WAIT_SEC: Final = 30.0
-#: The routes under a process's path whose last segment is an action, not part of its id.
-ACTIONS: Final = ("call", "repair", "events")
 
 
-class _ProcessId(Convertor[str]):
-    """A process's id: the rest of the path (an id may hold a slash), but for the actions'
-    suffixes (`…/call` is the call of the process, not a process whose id ends so)."""
+class ProcessRoute(SegmentRoute, AuthorizedRoute):
+    """A route of a process: its namespace and id are one percent-encoded path segment each
+    (`report%2Fcall`), matched on the path as sent (`api.segments`), so that every id the
+    library accepts has a URL, and no id (`call`, `events`, `a/call`) spells another route."""
 
-    regex = "(?s:.+)" + "".join(f"(?<!/{action})" for action in ACTIONS)
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-register_url_convertor("dl_process_id", _ProcessId())
 
 router = APIRouter(
     prefix="/api/v1/processes",
     tags=["processes"],
     responses=AUTH_ERRORS,
-    route_class=AuthorizedRoute,
+    route_class=ProcessRoute,
 )
 tasks_router = APIRouter(
     prefix="/api/v1/process-tasks",
@@ -75,17 +66,30 @@ Processes = Annotated[Client, Depends(from_state("client"))]
 JobsServiceDep = Annotated[JobsService, Depends(from_state("jobs_service"))]
 Namespace = Annotated[
     str,
-    Path(min_length=1, max_length=NAMESPACE_MAX_CHARS, description="The process's namespace."),
+    Path(
+        min_length=1,
+        max_length=NAMESPACE_MAX_CHARS,
+        description="The process's namespace, as one path segment (percent-encoded).",
+    ),
     AfterValidator(check_namespace),
 ]
 ProcessId = Annotated[
     str,
-    Path(min_length=1, max_length=PROCESS_ID_MAX_CHARS, description="The process's id."),
+    Path(
+        min_length=1,
+        max_length=PROCESS_ID_MAX_CHARS,
+        description="The process's id, as one path segment: percent-encoded, `/` as `%2F`.",
+    ),
     AfterValidator(check_process_id),
 ]
 Wait = Annotated[
     float,
-    Field(gt=0, le=MAX_WAIT_SEC, description="Seconds to wait for the response (then 504)."),
+    Field(
+        gt=0,
+        le=MAX_WAIT_SEC,
+        description="Seconds to wait for the response (then 504); DL_PROCESS_WAIT_MAX_SEC"
+        " (60 by default) at most: a request that asks for more waits that long.",
+    ),
 ]
 
 
@@ -241,7 +245,7 @@ async def list_processes(
 
 
 @router.post(
-    "/{namespace}/{process_id:dl_process_id}/call",
+    "/{namespace:dl_segment}/{process_id:dl_segment}/call",
     response_model=TaskAnswer,
     responses={**UNPARSABLE_BODY, **ERRORS},
     operation_id="call_process",
@@ -258,7 +262,7 @@ async def call_process(
 
 
 @router.post(
-    "/{namespace}/{process_id:dl_process_id}/repair",
+    "/{namespace:dl_segment}/{process_id:dl_segment}/repair",
     response_model=TaskAnswer,
     responses={**UNPARSABLE_BODY, **ERRORS},
     operation_id="repair_process",
@@ -273,7 +277,7 @@ async def repair_process(
 
 
 @router.get(
-    "/{namespace}/{process_id:dl_process_id}/events",
+    "/{namespace:dl_segment}/{process_id:dl_segment}/events",
     response_model=ProcessEventsResponse,
     responses={404: ERRORS[404]},
     operation_id="list_process_events",
@@ -292,7 +296,7 @@ async def list_process_events(
 
 
 @router.post(
-    "/{namespace}/{process_id:dl_process_id}",
+    "/{namespace:dl_segment}/{process_id:dl_segment}",
     response_model=StartAnswer,
     responses={**UNPARSABLE_BODY, **ERRORS},
     operation_id="start_process",
@@ -330,7 +334,7 @@ async def start_process(
 
 
 @router.get(
-    "/{namespace}/{process_id:dl_process_id}",
+    "/{namespace:dl_segment}/{process_id:dl_segment}",
     response_model=ProcessResponse,
     responses={404: ERRORS[404]},
     operation_id="get_process",
@@ -347,7 +351,7 @@ async def get_process(
 
 
 @router.delete(
-    "/{namespace}/{process_id:dl_process_id}",
+    "/{namespace:dl_segment}/{process_id:dl_segment}",
     response_model=TaskAnswer,
     responses=ERRORS,
     operation_id="remove_process",
@@ -400,7 +404,7 @@ async def _response(client: Client, task_id: uuid.UUID, timeout_sec: float) -> A
 
 
 @router.api_route(
-    "/{namespace}/{process_id:dl_process_id}",
+    "/{namespace:dl_segment}/{process_id:dl_segment}",
     methods=["PUT", "PATCH", "OPTIONS", "TRACE"],
     include_in_schema=False,
     dependencies=[requires(Scope.read)],
