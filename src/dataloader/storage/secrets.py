@@ -1,4 +1,4 @@
-"""Secrets every process of a deployment shares (`dl_secrets`, migration 0033): made by the
+"""Secrets every process of a deployment shares (`dl_secrets`, migration 0032): made by the
 first process that asks for one, the same for all after it. Never logged."""
 
 from __future__ import annotations
