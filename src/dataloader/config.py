@@ -335,6 +335,14 @@ class Settings(BaseSettings):
         " three periods is gone: its running jobs are taken back then (it stops them itself"
         " before, when it cannot refresh).",
     )
+    loop_held_warn_sec: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="A handler that holds the workers' event loop this long or longer (a"
+        " blocking call in an `async def` handler) is named in a WARNING and in /status. The"
+        " process stays alive meanwhile: a thread of its own keeps its presence and leases.",
+    )
     cron: Annotated[list[CronSpec], NoDecode] = Field(
         default_factory=list,
         description='Periodic tasks, e.g. [{"name":"nightly","schedule":"0 3 * * *",'

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
 from dataloader.config import Settings
 from dataloader.core.cron import CronState
@@ -16,6 +16,9 @@ from dataloader.core.models import QueueStats
 from dataloader.storage.admin import PROCESSES_IN_ERROR_LOOKED_AT, StatusReading
 from dataloader.storage.maintenance import MAINTENANCE_LEASE, Lease, MaintenanceRun
 from dataloader.storage.presence import LiveWorker
+
+#: How long /status warns of a process's held event loop (`workers.watchdog`) after it.
+HELD_LOOP_SHOWN_SEC: Final = 600.0
 
 
 def queue_summary(stats: Mapping[str, QueueStats]) -> dict[str, dict[str, Any]]:
@@ -131,12 +134,16 @@ def maintenance_warnings(
     or maintenance that nobody runs while workers are live."""
     live_ids = {worker.worker_id for worker in live}
     warnings = [
-        f"the {r.task} loop of {r.holder} failed and is restarted with a backoff: {r.error}"
+        f"{r.holder}, {r.ago_sec:.0f}s ago: {r.error}"
+        if r.detail.get("held_loop")
+        else f"the {r.task} loop of {r.holder} failed and is restarted with a backoff: {r.error}"
         if r.detail.get("supervised")
         else f"the last {r.task} run failed: {r.error}"
         for r in runs
-        # a loop stops mattering with its process
-        if not r.ok and (not r.detail.get("supervised") or r.holder in live_ids)
+        # a loop stops mattering with its process; a held loop, after a while
+        if not r.ok
+        and (not r.detail.get("supervised") or r.holder in live_ids)
+        and (not r.detail.get("held_loop") or r.ago_sec < HELD_LOOP_SHOWN_SEC)
     ]
     leader = next((lease for lease in leases if lease.name == MAINTENANCE_LEASE), None)
     if any(worker.queues for worker in live) and (leader is None or not leader.valid):

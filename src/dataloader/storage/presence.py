@@ -96,6 +96,13 @@ class PresenceStore:
             )
         )
 
+    async def touch(self, worker_id: str) -> bool:
+        """Refresh a process's row and nothing else of it; False when it has none."""
+        touched: bool | None = await self._db.fetchval(
+            *queries.TOUCH_WORKER.bind(worker_id=worker_id)
+        )
+        return bool(touched)
+
     async def add_throughput(self, ended: Mapping[tuple[str, str], int]) -> None:
         """Add counts of ended attempts, {(queue, journal kind): n}, to the current bucket."""
         if not ended:

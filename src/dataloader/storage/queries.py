@@ -1482,6 +1482,13 @@ SET queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, period_sec = EXCLUDED.peri
                       ELSE EXCLUDED.task_specs END
 """)
 
+#: The presence of a process whose event loop is held (by a handler's blocking call): the row is
+#: kept fresh by the process's watchdog thread alone (nothing else of the row can be read
+#: there); a row already deleted (a clean stop) stays deleted.
+TOUCH_WORKER: Final = Statement(
+    "UPDATE dl_workers SET seen_at = now() WHERE worker_id = :worker_id RETURNING true"
+)
+
 #: A clean stop: this process serves nothing any more.
 DELETE_WORKER: Final = Statement("DELETE FROM dl_workers WHERE worker_id = :worker_id")
 

@@ -73,6 +73,12 @@ class PresenceFence:
         self.valid_until = sent + presence_window(self.period_sec)
         self.renewed.set()
 
+    def vouched(self, sent: float) -> None:
+        """A refresh sent at `sent` by the watchdog thread got through: the deadline moves
+        forward (never back: the loop's own refreshes may have gone later). Only a float is
+        written here, from that thread; the loop's `renewed` is set on the loop."""
+        self.valid_until = max(self.valid_until, sent + presence_window(self.period_sec))
+
     def deregistered(self) -> None:
         """The row is gone: nobody can find this process gone any more."""
         self.valid_until = INF

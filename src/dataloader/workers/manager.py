@@ -33,6 +33,7 @@ from dataloader.workers.processors import SharedSlots
 from dataloader.workers.reaper import Reaper
 from dataloader.workers.runtime import WorkerRuntime, new_worker_id
 from dataloader.workers.supervisor import Loop, Supervisor
+from dataloader.workers.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from dataloader.config import CronSpec, Settings
@@ -97,6 +98,8 @@ class WorkerManager:
             self.runtime.presence,
             self.runtime.ended,
         )
+        #: Keeps the process alive from a thread of its own while a handler holds this loop.
+        self.watchdog = Watchdog(self.runtime, app.dsn)
         self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
         #: Restarts whichever of this process's loops raises, and records it for /status.
         self.supervisor = Supervisor(MaintenanceStore(self.runtime.protocol.db), self.worker_id)
@@ -139,6 +142,7 @@ class WorkerManager:
             await locks.close()
             await self._pool.close()
             raise
+        self.watchdog.start()
         self._spawn("locks", locks.maintain, self._stop_all)
         self._spawn("listener", self.listener.run, self._stop_all)
         self._spawn("heartbeat", self.heartbeat.run, self._stop_all)
@@ -219,6 +223,7 @@ class WorkerManager:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.watchdog.stop()
         await self.runtime.locks.close()
         await asyncio.wait_for(self._pool.close(), timeout=10)
         self._count_running(-1)
