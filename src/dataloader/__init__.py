@@ -60,6 +60,7 @@ from dataloader.tasks import Task, TaskRegistry, process, registry, task
 from dataloader.workers.batches import Batch, BatchItem
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.pipelines.registry import PipelineRegistry, pipeline
+from dataloader.workers.threaded import ThreadContext
 
 __all__ = [
     "Batch",
@@ -113,6 +114,7 @@ __all__ = [
     "TaskKind",
     "TaskRegistry",
     "TaskTimeout",
+    "ThreadContext",
     "Throughput",
     "Timer",
     "UnsetTimer",

@@ -335,6 +335,13 @@ class Settings(BaseSettings):
         " three periods is gone: its running jobs are taken back then (it stops them itself"
         " before, when it cannot refresh).",
     )
+    task_threads: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Threads a process runs plain `def` task handlers in: at most this many"
+        " run at once; another waits for a thread, its job running (leased) meanwhile.",
+    )
     loop_held_warn_sec: float = Field(
         default=1.0,
         gt=0,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -47,9 +47,10 @@ from dataloader.core.retry import RetryPolicy, RetrySpec, as_policy, seconds
 from dataloader.core.routing import KnownTasks
 from dataloader.exceptions import InvalidJobArgs
 
-#: `async def handler(ctx: JobContext[Args])`, or `async def handler(batch: Batch[Args])` for a
-#: task with a `batch_size`, or a durable process's `async def processor(task, process)`.
-Handler = Callable[..., Coroutine[Any, Any, Any]]
+#: `async def handler(ctx: JobContext[Args])` or a plain `def handler(ctx: ThreadContext[Args])`
+#: (run in a worker thread), or `async def handler(batch: Batch[Args])` for a task with a
+#: `batch_size`, or a durable process's `async def processor(task, process)`.
+Handler = Callable[..., Any]
 H = TypeVar("H", bound=Handler)
 
 
@@ -83,6 +84,11 @@ class Task:
     #: Set when the handler is a durable process's processor (`TaskRegistry.process`):
     #: `async def handler(task, process) -> ProcessResult`, for the tasks of this namespace.
     process: Namespace | None = None
+
+    @property
+    def threaded(self) -> bool:
+        """Whether the handler is a plain `def`, run in a worker thread (`workers.threaded`)."""
+        return not inspect.iscoroutinefunction(self.handler)
 
     @property
     def batched(self) -> bool:
@@ -137,7 +143,9 @@ class TaskRegistry:
         cron: str | None = None,
         then: str | tuple[str, ...] = (),
     ) -> Callable[[H], H]:
-        """Decorator registering an `async def handler(ctx)` as task `name`; the function is
+        """Decorator registering an `async def handler(ctx)` as task `name`, or a plain
+        `def handler(ctx)`, which runs in a worker thread with a `ThreadContext`
+        (`DL_TASK_THREADS` of them at most; cancellation is cooperative); the function is
         returned unchanged. With `batch_size`, the handler is `async def handler(batch)` and
         takes up to that many jobs per call (`dataloader.Batch`). With `cron` (a cron
         expression, UTC), a job of it with empty args is enqueued on its queue at each slot
@@ -187,8 +195,10 @@ class TaskRegistry:
                 raise ValueError(f"task {name!r}: its cron jobs have empty args: {exc}") from None
 
         def decorate(handler: H) -> H:
-            if not inspect.iscoroutinefunction(handler):
-                raise TypeError(f"task {name!r} must be an `async def` function")
+            if inspect.isasyncgenfunction(handler) or not callable(handler):
+                raise TypeError(f"task {name!r} must be an `async def` or a plain `def` function")
+            if defined.batched and not inspect.iscoroutinefunction(handler):
+                raise TypeError(f"task {name!r}: a batch handler must be an `async def` function")
             existing = self._tasks.get(name)
             if existing is not None and existing.handler is not handler:
                 raise ValueError(f"task {name!r} is already registered")

@@ -184,14 +184,24 @@ def test_bad_options_are_refused_before_any_handler_is_given() -> None:
     assert "t" not in registry
 
 
-def test_a_handler_that_is_not_async_is_refused() -> None:
+def test_a_handler_that_is_no_function_nor_a_plain_def_batch_is_refused() -> None:
     def sync_handler(ctx: Any) -> None:
         return None
 
     registry = TaskRegistry()
-    with pytest.raises(TypeError, match=r"^task 't' must be an `async def` function$"):
-        registry.task("t")(sync_handler)  # type: ignore[type-var]
+    with pytest.raises(TypeError, match=r"^task 't': a batch handler must be an `async def`"):
+        registry.task("t", queue="q", batch_size=2)(sync_handler)
+    with pytest.raises(TypeError, match=r"^task 't' must be an `async def` or a plain `def`"):
+        registry.task("t")("not a function")  # type: ignore[type-var]
+
+    async def generator(ctx: Any) -> Any:
+        yield ctx
+
+    with pytest.raises(TypeError, match=r"^task 't' must be an `async def` or a plain `def`"):
+        registry.task("t")(generator)
     assert "t" not in registry
+    registry.task("t")(sync_handler)  # a plain `def` task: run in a worker thread
+    assert registry.get("t") is not None
 
 
 def test_a_name_taken_by_another_handler_is_refused() -> None:

@@ -53,6 +53,7 @@ class Slots:
             app=runtime.app,
             protocol=runtime.protocol,
             max_result_bytes=runtime.settings.max_result_bytes,
+            threads=runtime.threads,
         )
         self._slot_freed = asyncio.Event()
         self._jobs: set[asyncio.Task[None]] = set()

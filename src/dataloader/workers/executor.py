@@ -28,6 +28,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ from dataloader.workers.batches import Batch, BatchItem, HandlerStats, Settle, c
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.runtime import RunningJob
 from dataloader.workers.stages import stage_jobs, stages_of
+from dataloader.workers.threaded import ThreadContext, in_thread, task_threads
 
 if TYPE_CHECKING:
     from dataloader.context import AppContext
@@ -83,6 +85,7 @@ class Executor:
         protocol: WorkerProtocol,
         max_result_bytes: int,
         build_stages: bool = True,
+        threads: ThreadPoolExecutor | None = None,
     ) -> None:
         self.app = app
         self.protocol = protocol
@@ -91,6 +94,21 @@ class Executor:
         # bound once: a run passes it along without making one
         self._returned: Returned = self._result
         self._steps: ProcessSteps | None = None
+        self._threads_given = threads
+        self._own_threads: ThreadPoolExecutor | None = None
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """The threads plain `def` handlers run in: the worker process's, else (an inline
+        run) this executor's own, made at the first such handler."""
+        if self._threads_given is not None:
+            return self._threads_given
+        if self._own_threads is None:
+            self._own_threads = task_threads(self.app.settings.task_threads)
+        return self._own_threads
+
+    @staticmethod
+    def _loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
 
     def _process_steps(self) -> ProcessSteps:
         """The runner of durable processes' tasks (made at the first one)."""
@@ -114,9 +132,14 @@ class Executor:
         try:
             args = task.parse_args(job.args)
             ctx = JobContext(job, args, app=self.app, state=running.state, protocol=self.protocol)
+            call = (
+                in_thread(self._threads(), task.handler, ThreadContext(ctx, self._loop()))
+                if task.threaded
+                else task.handler(ctx)
+            )
             pipeline = start_call(
                 running,
-                task.handler(ctx),
+                call,
                 timeout_sec=task.timeout_sec,
                 name=f"dataloader-pipeline-{job.job_id}",
             )

@@ -224,6 +224,8 @@ class WorkerManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.watchdog.stop()
+        # idle by now, but for a plain `def` handler that ignored its stop: not waited for
+        self.runtime.threads.shutdown(wait=False)
         await self.runtime.locks.close()
         await asyncio.wait_for(self._pool.close(), timeout=10)
         self._count_running(-1)

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from dataloader.tasks import TaskRegistry
 from dataloader.workers.fencing import PresenceFence, beat_period_for
 from dataloader.workers.job_context import RunState
 from dataloader.workers.locks import LockHolder
+from dataloader.workers.threaded import task_threads
 
 if TYPE_CHECKING:
     from dataloader.config import Settings
@@ -115,9 +117,12 @@ class WorkerRuntime:
     #: Until when the process's presence vouches for its jobs (kept by `workers.presence`,
     #: enforced by the heartbeat).
     presence: PresenceFence = field(init=False)
+    #: The threads the process's plain `def` handlers run in (`workers.threaded`).
+    threads: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.presence = PresenceFence(self.settings.presence_period_sec)
+        self.threads = task_threads(self.settings.task_threads)
 
     def wakes_heartbeat(self, jobs: Iterable[ClaimedJob]) -> bool:
         """Whether starting `jobs` must wake the heartbeat: a lease that needs sooner beats
