@@ -268,6 +268,35 @@ async def latency(b: Bench) -> dict[str, Any]:
     }
 
 
+@phase("delayed_latency")
+async def delayed_latency(b: Bench) -> dict[str, Any]:
+    """On an idle worker, one job at a time delayed by a second (the database's clock, as a
+    durable process's `SetTimer(in_sec=1)` is): how late each starts after it came due, by the
+    database's clock (`attempted_at - available_at`)."""
+    samples = b.n(40)
+    registry = TaskRegistry()
+
+    @registry.register("noop")
+    async def noop(ctx: JobContext[dict[str, Any]]) -> None:
+        return None
+
+    late_ms = []
+    async with Runner(b.settings(10), registry) as dl:
+        await asyncio.sleep(1.0)  # the listener reaches LISTEN
+        for i in range(samples):
+            new = NewJob(queue=QUEUE, task="noop", lock_key=f"job-{i}", delay=timedelta(seconds=1))
+            ended = await dl.client.wait((await dl.client.enqueue(new)).job_id, timeout=30)
+            assert ended.attempted_at is not None
+            late_ms.append((ended.attempted_at - ended.available_at).total_seconds() * 1000)
+    return {
+        "samples": samples,
+        "p50_ms": percentile(late_ms, 50),
+        "p95_ms": percentile(late_ms, 95),
+        "max_ms": max(late_ms),
+        "late_over_100ms": sum(value > 100 for value in late_ms),
+    }
+
+
 async def _first_jobs_rate(b: Bench, backlog: int, measured: int) -> float:
     """jobs/s over the first `measured` jobs drained out of `backlog` ready ones."""
     await b.fresh_database()
