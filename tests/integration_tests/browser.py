@@ -10,8 +10,11 @@ import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from .procs import Launcher, ServiceProcess
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
@@ -55,3 +58,19 @@ async def screenshot(page: object, name: str) -> Path:
     path = ARTIFACTS / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.png"
     await page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
     return path
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """A headless chromium for a test (skipped, or failed in CI, without one)."""
+    require_chromium()
+    async for opened in open_browser():
+        yield opened
+
+
+async def a_service(launcher: Launcher, dsn: str, **env: str) -> ServiceProcess:
+    """A service process, healthy, that accepts tasks no live process knows (the pages'
+    jobs need no worker)."""
+    service = launcher.start(dsn, DL_ALLOW_UNKNOWN_TASKS="true", **env)
+    await service.wait_healthy()
+    return service

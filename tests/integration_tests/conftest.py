@@ -27,6 +27,7 @@ from dataloader.tasks import TaskRegistry
 from dataloader.tasks import registry as default_registry
 from dataloader.workers.manager import WorkerManager
 
+from .browser import browser  # noqa: F401 - the dashboard tests' chromium, a fixture
 from .helpers import ADVISORY_LOCKS, JobsApi, wait_until
 from .operators import Cli
 from .procs import Launcher, launched

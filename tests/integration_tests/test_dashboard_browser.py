@@ -4,13 +4,10 @@ service running on 127.0.0.1: what an operator sees and does."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
-from .browser import open_browser, require_chromium, screenshot
-from .procs import Launcher, ServiceProcess
+from .browser import a_service, screenshot
+from .procs import Launcher
 
 READ = "read-token-0123456789abcdef"
 ADMIN = "admin-token-0123456789abcdef"
@@ -22,19 +19,6 @@ TOKENS = json.dumps(
 )
 #: A queue nobody serves: its jobs stay queued until canceled.
 IDLE = "ui.idle"
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    require_chromium()
-    async for opened in open_browser():
-        yield opened
-
-
-async def a_service(launcher: Launcher, dsn: str, **env: str) -> ServiceProcess:
-    service = launcher.start(dsn, DL_ALLOW_UNKNOWN_TASKS="true", **env)
-    await service.wait_healthy()
-    return service
 
 
 async def test_the_overview_shows_the_queues_and_the_live_process(

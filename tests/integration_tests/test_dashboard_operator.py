@@ -8,21 +8,18 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from dataloader.dashboard.jobs import job_view_of
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 
-from .browser import open_browser, require_chromium
+from .browser import a_service
 from .conftest import StartService
 from .procs import Launcher
 from .test_dashboard import csrf_of, signed_in
-from .test_dashboard_browser import IDLE, a_service
+from .test_dashboard_browser import IDLE
 
 BUSY = "ui.busy"
 
@@ -46,13 +43,6 @@ async def test_without_tokens_the_dashboards_actions_are_journalled_as_the_dashb
     # the API's own changes are still the API's
     await service.client.post(f"/api/v1/queues/{IDLE}/resume")
     assert [e.actor for e in await service.dl.queue_events(IDLE)] == ["dashboard", "api"]
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    require_chromium()
-    async for opened in open_browser():
-        yield opened
 
 
 async def test_a_job_behind_busy_slots_names_them_and_who_holds_them(

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 
-from .browser import open_browser, require_chromium, screenshot
+from .browser import a_service, screenshot
 from .conftest import Service, StartService, wait_until
 from .procs import Launcher, ServiceProcess, free_port
 from .test_dashboard import csrf_of, signed_in
@@ -161,19 +160,6 @@ async def test_an_api_change_takes_json_or_no_body(
 
 
 # --- the same, from a page of another origin in Chromium --------------------------------------
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    require_chromium()
-    async for opened in open_browser():
-        yield opened
-
-
-async def a_service(launcher: Launcher, dsn: str, **env: str) -> ServiceProcess:
-    service = launcher.start(dsn, DL_ALLOW_UNKNOWN_TASKS="true", **env)
-    await service.wait_healthy()
-    return service
 
 
 async def serve_page(html: str) -> tuple[asyncio.Server, int]:

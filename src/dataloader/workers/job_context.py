@@ -74,36 +74,11 @@ class ProcessAccess:
         return self.app.settings
 
 
-class JobContext(ProcessAccess, Generic[ArgsT]):
-    """Handed to `async def handler(ctx)`.
+class JobFacts:
+    """What a handler may read of its job (`job`): the same for an `async def` handler's
+    `JobContext` and a plain `def` handler's `ThreadContext`."""
 
-    `args` are the job's arguments (an instance of the task's model, or the dict); `attempt`
-    counts from 1; `resume_from` is where an earlier attempt got to (`checkpoint`).
-
-    Cancellation is cooperative: call `check_cancelled()` (or use `iterate`, which calls it
-    between items) and the job ends `canceled`. When the job stops being ours (lease reaped,
-    lock connection lost) the handler's task is cancelled outright.
-
-    What a task may use: `engine` and `sessionmaker` (SQLAlchemy, on `DL_TARGET_DSN`, or the
-    queue's database when unset), `resources` (what the process's startup hook built),
-    `client` (to enqueue follow-up jobs), `settings`. `app` is the process's `AppContext`.
-    """
-
-    def __init__(
-        self,
-        job: ClaimedJob,
-        args: ArgsT,
-        *,
-        app: AppContext,
-        state: RunState,
-        protocol: WorkerProtocol,
-    ) -> None:
-        self.job = job
-        self.args = args
-        self.app = app
-        self._state = state
-        self._protocol = protocol
-        self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
+    job: ClaimedJob
 
     @property
     def job_id(self) -> uuid.UUID:
@@ -139,6 +114,38 @@ class JobContext(ProcessAccess, Generic[ArgsT]):
         FOR SHARE`, and write only if the row is there (FOR SHARE keeps the reaper from taking
         the job until the transaction ends; keep such transactions shorter than the lease)."""
         return self.job.claim_token
+
+
+class JobContext(ProcessAccess, JobFacts, Generic[ArgsT]):
+    """Handed to `async def handler(ctx)`.
+
+    `args` are the job's arguments (an instance of the task's model, or the dict); `attempt`
+    counts from 1; `resume_from` is where an earlier attempt got to (`checkpoint`).
+
+    Cancellation is cooperative: call `check_cancelled()` (or use `iterate`, which calls it
+    between items) and the job ends `canceled`. When the job stops being ours (lease reaped,
+    lock connection lost) the handler's task is cancelled outright.
+
+    What a task may use: `engine` and `sessionmaker` (SQLAlchemy, on `DL_TARGET_DSN`, or the
+    queue's database when unset), `resources` (what the process's startup hook built),
+    `client` (to enqueue follow-up jobs), `settings`. `app` is the process's `AppContext`.
+    """
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        args: ArgsT,
+        *,
+        app: AppContext,
+        state: RunState,
+        protocol: WorkerProtocol,
+    ) -> None:
+        self.job = job
+        self.args = args
+        self.app = app
+        self._state = state
+        self._protocol = protocol
+        self.log = logging.getLogger(f"dataloader.pipeline.{job.task}")
 
     @property
     def cancel_requested(self) -> bool:

@@ -14,19 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from dataloader.exceptions import JobCanceled
-from dataloader.workers.job_context import ArgsT, JobContext, ProcessAccess
-
-if TYPE_CHECKING:
-    from dataloader.storage.protocol import ClaimedJob
+from dataloader.workers.job_context import ArgsT, JobContext, JobFacts, ProcessAccess
 
 T = TypeVar("T")
 
@@ -35,7 +31,7 @@ T = TypeVar("T")
 STOPPED = "the run is being stopped (a timeout or the worker's stop)"
 
 
-class ThreadContext(ProcessAccess, Generic[ArgsT]):
+class ThreadContext(ProcessAccess, JobFacts, Generic[ArgsT]):
     """Handed to a plain `def handler(ctx)`, in its worker thread: the job, its args,
     `set_progress`, `checkpoint`, `then`, `check_cancelled`, `iterate` and the process's
     resources, as `JobContext` has them, without `await`. `run(coro)` runs a coroutine of the
@@ -45,34 +41,11 @@ class ThreadContext(ProcessAccess, Generic[ArgsT]):
         self._inner = inner
         self._loop = loop
         self.app = inner.app
+        self.job = inner.job
         self.args: ArgsT = inner.args
         self.log: logging.Logger = inner.log
         #: Set by the worker when the run is being stopped: `check_cancelled` raises.
         self.stopping = False
-
-    @property
-    def job(self) -> ClaimedJob:
-        return self._inner.job
-
-    @property
-    def job_id(self) -> uuid.UUID:
-        return self._inner.job_id
-
-    @property
-    def attempt(self) -> int:
-        return self._inner.attempt
-
-    @property
-    def resume_from(self) -> Any:
-        return self._inner.resume_from
-
-    @property
-    def claim_seq(self) -> int:
-        return self._inner.claim_seq
-
-    @property
-    def claim_token(self) -> uuid.UUID:
-        return self._inner.claim_token
 
     @property
     def cancel_requested(self) -> bool:
@@ -115,6 +88,7 @@ class ThreadContext(ProcessAccess, Generic[ArgsT]):
     def checkpoint(self, value: Any) -> None:
         """As `JobContext.checkpoint`, waited for."""
         self.run(self._inner.checkpoint(value))
+        self.job = self._inner.job  # its checkpoint, as the next attempt reads it
 
     def iterate(self, items: Iterable[T], total: int | None = None) -> Iterator[T]:
         """Yield items (chunks), checking cancellation before each and writing progress
