@@ -95,14 +95,16 @@ async def test_args_validator_raising_a_type_error_fails_the_job_and_is_a_422(
     assert "even numbers are not supported" in body["error"]
 
 
-def test_a_plain_function_cannot_be_registered_as_a_pipeline() -> None:
+def test_a_plain_function_registered_as_a_pipeline_runs_in_a_thread() -> None:
     registry = TaskRegistry()
 
     def not_async(ctx: object) -> None:
         return None
 
-    with pytest.raises(TypeError, match="must be an `async def`"):
-        registry.register("t.sync")(not_async)  # type: ignore[arg-type]
+    registry.register("t.sync")(not_async)
+    task = registry.get("t.sync")
+    assert task is not None
+    assert task.threaded
 
 
 async def test_an_error_text_postgres_cannot_store_is_escaped_not_lost(
