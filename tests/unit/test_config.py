@@ -183,6 +183,28 @@ def test_a_dsn_asyncpg_could_not_read_is_a_config_error_naming_it(dsn: str, ment
     assert "secretpw" not in message
 
 
+def test_a_failover_dsn_with_several_hosts_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DL_DB_DSN", "postgresql://postgres@h1:5432,h2:5432/db")
+    settings = load_settings(_env_file=None)
+    assert settings.asyncpg_dsn == (
+        "postgresql://postgres@h1:5432,h2:5432/db?target_session_attrs=read-write"
+    )
+
+
+def test_a_keyword_value_dsn_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DL_DB_DSN", "host=h1,h2 port=5432 dbname=db target_session_attrs=primary")
+    settings = load_settings(_env_file=None)
+    assert settings.asyncpg_dsn == (
+        "postgresql:///db?host=h1,h2&port=5432&target_session_attrs=primary"
+    )
+
+
+def test_a_dsn_asking_for_a_standby_is_a_config_error_naming_it() -> None:
+    message = config_error(DL_DB_DSN="postgresql://h1,h2/db?target_session_attrs=standby")
+    assert message.startswith("DL_DB_DSN")
+    assert "asks for a standby" in message
+
+
 # --- other variables --------------------------------------------------------------------------
 
 

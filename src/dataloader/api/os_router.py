@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.v1.exceptions import unavailable_response
 from dataloader.config import Scope
 from dataloader.exceptions import DatabaseUnavailable
 from dataloader.storage.db import CONNECTION_ERRORS
@@ -89,10 +90,10 @@ async def status(request: Request) -> JSONResponse:
     except TimeoutError:
         # slow (a huge table, a lock) or unreachable: say which we know
         body.update(status="degraded", database=f"no answer within {STATUS_DB_TIMEOUT_SEC}s")
-        return JSONResponse(status_code=503, content=body)
+        return unavailable_response(body)
     except DatabaseUnavailable:  # the client's word for a connection refused or lost
         body.update(status="degraded", database="unavailable")
-        return JSONResponse(status_code=503, content=body)
+        return unavailable_response(body)
     document = system.document()
     document["maintenance"]["this_process_leads"] = (
         state.manager is not None and state.manager.maintenance.leadership.leading.is_set()

@@ -131,6 +131,12 @@ class GuardedPool:
                 self._abandoned.add(conn.get_server_pid(), started)
             conn.terminate()
             raise
+        except asyncpg.ReadOnlySQLTransactionError:
+            # its server became a standby (a switchover): drop the connection, so that the
+            # pool's next one is made with the DSN's `target_session_attrs` and finds the
+            # server that now takes writes
+            conn.terminate()
+            raise
         finally:
             await self._pool.release(conn, timeout=self._timeout)
 

@@ -39,6 +39,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     # to state …"): that connection is unusable, another one works
     asyncpg.InternalClientError,
     TimeoutError,
+    # a server that no longer takes writes: a primary demoted to standby under a connection
+    # (a switchover); a new connection reaches the new primary (`target_session_attrs`)
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 

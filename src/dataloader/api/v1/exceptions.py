@@ -124,9 +124,21 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+#: What a 503 tells a client to wait before trying again: a restart or a failover to a
+#: standby takes seconds, and a retry finds the database back as soon as it answers.
+RETRY_AFTER_SEC = 2
+
+
+def unavailable_response(content: dict[str, Any]) -> JSONResponse:
+    """A 503 saying when to try again (`Retry-After`, as HTTP clients and proxies read it)."""
+    return JSONResponse(
+        status_code=503, content=content, headers={"Retry-After": str(RETRY_AFTER_SEC)}
+    )
+
+
 async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
     log.error("database unavailable: %r", exc)
-    return JSONResponse(status_code=503, content={"detail": "database unavailable"})
+    return unavailable_response({"detail": "database unavailable"})
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
