@@ -1,0 +1,1 @@
+"""Engines the tests start themselves from Debian packages (Patroni with etcd, …)."""
