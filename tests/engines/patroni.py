@@ -212,7 +212,9 @@ class PatroniCluster:
         if left:
             raise AssertionError(f"processes of the cluster outlived it: {left}")
 
-    def _spawn(self, name: str, argv: list[str], as_postgres: bool = True) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], as_postgres: bool = True
+    ) -> subprocess.Popen[bytes]:
         log = (self.root / f"{name}.log").open("ab")
         self._logs.append(log)
         # PostgreSQL refuses to run as root: Patroni, and so its postmaster, run as `postgres`
