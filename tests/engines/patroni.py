@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import pwd
@@ -111,6 +112,8 @@ class PatroniCluster:
         self._etcd: subprocess.Popen[bytes] | None = None
         self._logs: list[IO[bytes]] = []
         self._http = httpx.AsyncClient(timeout=5)
+        #: When `kill_primary` last killed a node (this host's clock, the database's too).
+        self.killed_at: dt.datetime | None = None
 
     async def __aenter__(self) -> PatroniCluster:
         try:
@@ -161,6 +164,20 @@ class PatroniCluster:
             await conn.execute(f'CREATE DATABASE "{DATABASE}"')
         finally:
             await conn.close()
+        # the standby has the commit on disk (synchronous), but may not have replayed it yet:
+        # a DSN that tries the standby first would be told the database does not exist
+        for node in self.nodes:
+            await self._wait(
+                lambda n=node: self._has_database(n), within, f"{DATABASE} on {node.name}"
+            )
+
+    async def _has_database(self, node: Node) -> bool:
+        try:
+            conn = await asyncpg.connect(node.dsn(), timeout=2)
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            return False
+        await conn.close()
+        return True
 
     def _start_node(self, node: Node) -> None:
         node.proc = self._spawn(node.name, [str(PATRONI), str(node.home / "patroni.json")])
@@ -413,5 +430,6 @@ class PatroniCluster:
         group = os.getpgid(postmaster)
         os.killpg(leader.proc.pid, signal.SIGKILL)
         os.killpg(group, signal.SIGKILL)
+        self.killed_at = dt.datetime.now(dt.UTC)
         await asyncio.to_thread(leader.proc.wait, 10)
         return leader
