@@ -13,14 +13,13 @@ the kill to the first job finishing after it, and trigger latencies around each 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import os
 import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -33,13 +32,17 @@ from ..engines.patroni import PatroniCluster
 from ..integration_tests.helpers import wait_until
 from ..integration_tests.procs import Launcher, ServiceProcess
 from . import ledger
-from .conftest import QUEUE, Scenario
+from .conftest import QUEUE, Scenario, append_report
 from .pipeline import TASK
+from .processor import NAMESPACE
+from .processor import QUEUE as PROCESS_QUEUE
 
 #: Attempts to spare: a run whose lock connection a fault cuts costs one.
 MAX_ATTEMPTS = 50
 #: The queue's limit of jobs running at once, below the two replicas' 8 slots.
 MAX_RUNNING = 6
+#: Durable processes called throughout.
+PROCESSES = ("p0", "p1")
 #: One cron slot every 2 seconds (six fields: seconds last).
 CRON = [
     {
@@ -50,6 +53,10 @@ CRON = [
         "args": {"steps": 1},
     }
 ]
+
+
+def client_of(dsn: str) -> Any:
+    return Client.connect(dsn, settings=Settings(_env_file=None, db_dsn=dsn))  # type: ignore[call-arg]
 
 
 @pytest.fixture
@@ -76,6 +83,11 @@ class Producers:
     dsn: str
     http: list[Answer] = field(default_factory=list)
     library: list[Answer] = field(default_factory=list)
+    #: Jobs enqueued and waited for (`Client.wait`): the wait's outcome, the job's end.
+    waits: list[Answer] = field(default_factory=list)
+    #: Calls of the durable processes, each retried with its key until it has an answer.
+    calls: list[Answer] = field(default_factory=list)
+    answered_calls: dict[str, int] = field(default_factory=dict)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def over_http(self, n: int, replica: ServiceProcess) -> None:
@@ -104,8 +116,7 @@ class Producers:
                 await asyncio.sleep(0.05)  # a producer's pace, not a synchronisation
 
     async def through_the_library(self) -> None:
-        settings = Settings(_env_file=None, db_dsn=self.dsn)  # type: ignore[call-arg]
-        async with Client.connect(self.dsn, settings=settings) as client:
+        async with client_of(self.dsn) as client:
             i = 0
             while not self.stop.is_set():
                 started = time.monotonic()
@@ -120,21 +131,69 @@ class Producers:
                     )
                     answer = Answer(started, time.monotonic() - started, "ok", result.job_id)
                 except Exception as exc:  # recorded: only DatabaseUnavailable may show
-                    answer = Answer(started, time.monotonic() - started, type(exc).__name__)
-                    if not isinstance(exc, DatabaseUnavailable):
-                        answer.outcome += f": {exc}"
+                    answer = Answer(started, time.monotonic() - started, name_of(exc))
                 self.library.append(answer)
                 i += 1
                 await asyncio.sleep(0.05)
+
+    async def waiting(self, client: Client) -> None:
+        """Enqueue a job and wait for its end, again and again; a wait cut by an outage is
+        waited again."""
+        i = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                result = await client.enqueue(
+                    TASK, {"steps": 2}, lock_key=f"wait-{i}", queue=QUEUE, max_attempts=50
+                )
+            except DatabaseUnavailable:
+                await asyncio.sleep(0.05)
+                continue
+            while True:
+                try:
+                    state = await client.wait(result.job_id, timeout=90)
+                    outcome = state.status.value
+                except Exception as exc:
+                    outcome = type(exc).__name__
+                self.waits.append(Answer(started, time.monotonic() - started, outcome))
+                if outcome != "DatabaseUnavailable":
+                    break
+                await asyncio.sleep(0.05)
+            i += 1
+
+    async def calling(self, client: Client, process_id: str) -> None:
+        """Call a durable process, each call retried with its idempotency key until it is
+        answered; `answered_calls` counts them."""
+        k = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            while True:
+                try:
+                    await client.processes.call(
+                        NAMESPACE, process_id, {"k": k}, idempotency_key=f"{process_id}-{k}"
+                    )
+                    self.calls.append(Answer(started, time.monotonic() - started, "ok"))
+                    break
+                except Exception as exc:
+                    self.calls.append(Answer(started, time.monotonic() - started, name_of(exc)))
+                    await asyncio.sleep(0.1)
+            k += 1
+        self.answered_calls[process_id] = k
 
     def acknowledged(self) -> set[uuid.UUID]:
         return {a.job_id for a in self.http + self.library if a.job_id is not None}
 
 
+def name_of(exc: Exception) -> str:
+    """DatabaseUnavailable by its name; anything else with its message too."""
+    name = type(exc).__name__
+    return name if isinstance(exc, DatabaseUnavailable) else f"{name}: {exc}"
+
+
 def percentiles(answers: list[Answer], since: float, until: float) -> dict[str, Any]:
     """p50/p99 (ms) of the successful calls started in [since, until), and the failed ones."""
     window = [a for a in answers if since <= a.at < until]
-    ok = sorted(a.latency for a in window if a.outcome in ("200", "201", "ok"))
+    ok = sorted(a.latency for a in window if a.outcome in ("200", "201", "ok", "succeeded"))
     figures: dict[str, Any] = {"calls": len(window), "failed": len(window) - len(ok)}
     if ok:
         figures["p50_ms"] = round(statistics.median(ok) * 1000, 1)
@@ -163,21 +222,31 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
     conn = await asyncpg.connect(cluster.dsn)
     await ledger.install(conn)
     scenario = Scenario("failover", launcher, cluster.dsn, conn)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(lambda: scenario.conn.close())
         replicas = await scenario.start(
             2,
             concurrency=4,
             DL_CRON=json.dumps(CRON),
             DL_DEFAULT_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
+            DL_PIPELINE_MODULES="tests.faults.pipeline,tests.faults.processor",
+            WORKERS_JSON=json.dumps(
+                [{"queue": QUEUE, "concurrency": 4}, {"queue": PROCESS_QUEUE, "concurrency": 2}]
+            ),
         )
         limits = await replicas[0].client.put(
             f"/api/v1/queues/{QUEUE}/limits", json={"max_running": MAX_RUNNING}
         )
         assert limits.status_code == 200, limits.text
         producers = Producers(replicas, cluster.dsn)
+        library = await stack.enter_async_context(client_of(cluster.dsn))
+        for process_id in PROCESSES:
+            await library.processes.start(NAMESPACE, process_id, timeout=30)
         running = asyncio.gather(
             *(producers.over_http(n, replica) for n, replica in enumerate(replicas)),
             producers.through_the_library(),
+            producers.waiting(library),
+            *(producers.calling(library, process_id) for process_id in PROCESSES),
         )
         marks: dict[str, float] = {"start": time.monotonic()}
         try:
@@ -189,7 +258,9 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
             await scenario.reconnect()
             await cluster.wait_until_replicated()
             for replica in replicas:
-                await wait_until(lambda r=replica: whole(r, scenario.conn), 60, f"{replica.name} whole")
+                await wait_until(
+                    lambda r=replica: whole(r, scenario.conn), 60, f"{replica.name} whole"
+                )
             marks["recovered"] = time.monotonic()
             await asyncio.sleep(3)  # the load between the faults
 
@@ -203,13 +274,17 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
             marks["new_leader"] = time.monotonic()
             await scenario.reconnect()
             for replica in replicas:
-                await wait_until(lambda r=replica: whole(r, scenario.conn), 60, f"{replica.name} whole")
+                await wait_until(
+                    lambda r=replica: whole(r, scenario.conn), 60, f"{replica.name} whole"
+                )
             marks["whole"] = time.monotonic()
             await asyncio.sleep(3)  # the load after
         finally:
             producers.stop.set()
             await running
         marks["end"] = time.monotonic()
+        calls_applied = {p: await calls_of(library, p) for p in PROCESSES}
+        await library.close()  # and with it the advisory lock its listener holds
 
         recovered_in = await scenario.settle(timeout=90)
         report = await ledger.check(
@@ -249,10 +324,7 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
             "failover": (marks["kill"], marks["whole"]),
             "after": (marks["whole"], marks["end"]),
         }
-        figures = {
-            "scenario": "failover",
-            "jobs": report.jobs,
-            "runs": report.runs,
+        report.figures = figures = {
             "acknowledged": len(acknowledged),
             "kill_to_new_leader_s": round(marks["new_leader"] - marks["kill"], 2),
             "kill_to_first_job_done_s": first_done
@@ -260,21 +332,27 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
             "kill_to_replicas_whole_s": round(marks["whole"] - marks["kill"], 2),
             "http": {k: percentiles(producers.http, *w) for k, w in windows.items()},
             "library": {k: percentiles(producers.library, *w) for k, w in windows.items()},
+            "waits": {k: percentiles(producers.waits, *w) for k, w in windows.items()},
+            "process_calls": {k: percentiles(producers.calls, *w) for k, w in windows.items()},
             "http_outcomes": count(producers.http),
             "library_outcomes": count(producers.library),
+            "wait_outcomes": count(producers.waits),
+            "call_outcomes": count(producers.calls),
         }
-        print(json.dumps(figures, indent=1))
-        target = os.environ.get("DL_FAULT_REPORT")
-        if target:
-            with Path(target).open("a", encoding="utf-8") as out:
-                out.write(report.as_json() + "\n")
-                out.write(json.dumps(figures) + "\n")
+        print(json.dumps({"jobs": report.jobs, "runs": report.runs, **figures}, indent=1))
+        append_report(report)
 
         assert not report.violations(), "\n".join(report.violations())
         assert set(count(producers.http)) <= {"200", "201", "503"}, count(producers.http)
         assert set(count(producers.library)) <= {"ok", "DatabaseUnavailable"}, count(
             producers.library
         )
+        assert set(count(producers.waits)) <= {"succeeded", "DatabaseUnavailable"}, count(
+            producers.waits
+        )
+        assert set(count(producers.calls)) <= {"ok", "DatabaseUnavailable"}, count(producers.calls)
+        for process_id, calls in calls_applied.items():  # each call applied once, in order
+            assert calls == [{"k": k} for k in range(producers.answered_calls[process_id])]
         assert len(states) == len(acknowledged), "acknowledged triggers are missing"
         assert set(states.values()) == {"succeeded"}
         assert first_done is not None
@@ -282,8 +360,16 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
         assert sorted(leaders) == [False, True]  # maintenance is led again, by one
         assert cron_after_kill > 0  # and the schedule fires again
         assert all(replica.proc.poll() is None for replica in replicas)
-    finally:
-        await scenario.conn.close()
+
+
+async def calls_of(client: Client, process_id: str) -> list[Any]:
+    """The args of every call the process applied, in its order (its events after `init`)."""
+    applied: list[Any] = []
+    after = 0
+    while events := await client.processes.events(NAMESPACE, process_id, after=after, limit=1000):
+        applied += [e.payload["args"] for e in events if e.payload["kind"] == "call"]
+        after = events[-1].event_id
+    return applied
 
 
 def count(answers: list[Answer]) -> dict[str, int]:
