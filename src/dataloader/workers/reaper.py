@@ -59,6 +59,7 @@ class Reaper:
         self._id = reaper_id
         #: This process's presence: whether it just saw the database away (`outage_wait`).
         self._presence = presence
+        self._waiting = False  # whether the last pass waited after an outage
         #: Where the attempts it ended are counted (the queues' throughput).
         self._ended = ended if ended is not None else Counter()
         #: Seconds from the last pass to the moment a job next becomes reapable (None: none).
@@ -71,12 +72,14 @@ class Reaper:
         the next pass comes when the other processes have had the time to come back."""
         wait = self._presence.outage_wait() if self._presence is not None else 0.0
         if wait > 0:
-            log.info("the database was away: expired leases are judged in %.1fs", wait)
+            if not self._waiting:  # once per outage: passes come every period meanwhile
+                log.info("the database was away: expired leases wait for the processes' return")
             swept: dict[str, int] = {"waiting_after_outage": 1}
         else:
             swept = await self.run_once()
         swept["put_back"] = await self.put_back_stranded()
         self.due_in = wait if wait > 0 else await self._protocol.next_reapable_in()
+        self._waiting = wait > 0
         return swept
 
     def next_in_sec(self, period_sec: float, presence_period_sec: float) -> float:
