@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
@@ -97,7 +97,7 @@ class Watchdog:
         )
         self._thread.start()
         try:
-            stopped = asyncio.ensure_future(stopping.wait())
+            stopped: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
             try:
                 await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
             finally:
