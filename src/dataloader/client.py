@@ -194,7 +194,7 @@ class Client:
             view._origin, view._owned_pool, view._actors = origin, None, {}
             view.processes = Processes(view)
             origin._actors[actor] = view
-        return view
+        return view if self._reads is origin._reads else view.exact()  # an exact() stays so
 
     @classmethod
     @contextlib.asynccontextmanager

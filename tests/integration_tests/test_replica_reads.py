@@ -21,6 +21,7 @@ from dataloader import Client
 from dataloader.api import create_app
 from dataloader.config import Settings
 from dataloader.context import run_migrations
+from dataloader.core.staleness import Freshness, observing_reads
 from dataloader.storage import replica
 
 from ..engines.standby import StandbyPair, standby_pair  # noqa: F401 - the fixture
@@ -271,11 +272,54 @@ async def test_an_idle_primary_is_no_lag(
             return float(age) > 1.5
 
         await wait_until(replay_aged, what="the last replayed commit to age past the limit")
-        from dataloader.core.staleness import observing_reads
-
         with observing_reads() as seen:
             page = await client.list(queue=QUEUE)
         assert [j.job_id for j in page.jobs] == [job.job_id]
         assert seen.freshness is not None
         assert seen.freshness.source == "replica"
         assert (seen.freshness.lag_sec or 0.0) < 0.5
+
+
+async def test_exact_reads_are_the_primarys(
+    standby_pair: StandbyPair,  # noqa: F811
+    database: str,
+) -> None:
+    """`Client.exact()`: reads a decision depends on (is this queue known before it is
+    paused?) see what the primary has, while the same client's lists are the standby's."""
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        db_dsn=standby_pair.primary_dsn(database),
+        db_read_dsn=standby_pair.standby_dsn(database),
+        db_read_max_lag_sec=600,
+    )
+    async with Client.connect(standby_pair.primary_dsn(database), settings=settings) as client:
+        standby_pair.pause_replay()
+        job = await client.enqueue("replica.check", {}, queue=QUEUE)
+        assert (await client.stats(QUEUE))[QUEUE].total == 0
+        assert (await client.list(queue=QUEUE)).jobs == []
+        exact = client.exact()
+        assert (await exact.stats(QUEUE))[QUEUE].total == 1
+        assert [j.job_id for j in (await exact.list(queue=QUEUE)).jobs] == [job.job_id]
+        assert await exact.processes.counts() == await client.processes.counts()
+        acting = exact.acting_as("someone")
+        assert (await acting.stats(QUEUE))[QUEUE].total == 1
+        assert (await client.acting_as("someone").stats(QUEUE))[QUEUE].total == 0
+        await exact.close()  # a view: closes nothing of its client's
+        assert (await client.get(job.job_id)) is not None
+
+
+async def test_a_read_dsn_naming_the_primary_is_served_without_a_word(
+    standby_pair: StandbyPair,  # noqa: F811
+    database: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing to replay: never behind, nothing to warn of."""
+    primary = standby_pair.primary_dsn(database)
+    settings = Settings(_env_file=None, db_dsn=primary, db_read_dsn=primary)  # type: ignore[call-arg]
+    with caplog.at_level(logging.INFO, logger="dataloader.storage.replica"):
+        async with Client.connect(primary, settings=settings) as client:
+            job = await client.enqueue("replica.check", {}, queue=QUEUE)
+            with observing_reads() as seen:
+                assert [j.job_id for j in (await client.list(queue=QUEUE)).jobs] == [job.job_id]
+            assert seen.freshness == Freshness("replica", 0.0)
+    assert caplog.records == []

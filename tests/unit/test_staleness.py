@@ -64,7 +64,7 @@ def test_freshness_says_where_and_how_stale() -> None:
     assert Freshness("replica", 0.4123).header() == "replica; lag=0.412s"
     assert Freshness("primary", fallback="lagging").header() == "primary; fallback=lagging"
     assert Freshness("primary").header() == "primary"
-    assert "0.4 s behind" in Freshness("replica", 0.4123).sentence()
+    assert "0.4 s behind the primary" in Freshness("replica", 0.4123).sentence()
     assert "cannot be reached" in Freshness("primary", fallback="unavailable").sentence()
 
 

@@ -81,8 +81,8 @@ class Freshness:
         """What a page says of the lists and counts it shows."""
         if self.source == "replica":
             return (
-                "Lists and counts on this page were read from a replica, up to"
-                f" {self.lag_sec or 0.0:.1f} s behind the primary."
+                "Lists and counts on this page were read from a replica,"
+                f" {self.lag_sec or 0.0:.1f} s behind the primary when last measured."
             )
         why = {
             "unavailable": "the replica cannot be reached",

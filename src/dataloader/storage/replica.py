@@ -4,7 +4,8 @@ answer never fails for the standby's sake.
 
 The standby's lag is measured at most every LAG_CHECK_SEC, by the first read that needs it
 (`core.staleness.LagTracker`: WAL positions, not replay timestamps). A standby that cannot be
-reached is tried again RETRY_AFTER_SEC later; a read it fails is read again on the primary.
+reached is tried again RETRY_AFTER_SEC later (backing off while it stays away); a read it
+fails is read again on the primary.
 Each change of source is logged once (the DSN's password masked).
 """
 
@@ -42,8 +43,11 @@ SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS replayed,
 
 #: The standby's lag is measured at most this often (a read between two uses the last one).
 LAG_CHECK_SEC: Final = 1.0
-#: How long reads go to the primary after the standby could not be reached or refused us.
+#: How long reads go to the primary after the standby could not be reached or refused us;
+#: doubled at each failure in a row, up to RETRY_AFTER_MAX_SEC (a check of a standby that
+#: does not answer holds its read up to CHECK_TIMEOUT_SEC).
 RETRY_AFTER_SEC: Final = 5.0
+RETRY_AFTER_MAX_SEC: Final = 60.0
 #: The longest a lag check waits for the standby and the primary together.
 CHECK_TIMEOUT_SEC: Final = 3.0
 #: Connections of the standby's pool, at most.
@@ -105,12 +109,16 @@ class Replica:
         self._checking = asyncio.Lock()
         #: What was last logged of the standby (None: nothing, or that it serves reads).
         self._reported: str | None = None
+        #: Failures to reach the standby in a row (its retries back off).
+        self._failures = 0
         self._closed = False
 
     async def read(self, read: Callable[[Connections], Awaitable[T]]) -> T:
         """`read` on the standby if it may serve it, else (or if it fails there) on the
         primary."""
         state = await self._current()
+        if state.source == "replica" and self._replica is None:  # closed meanwhile
+            state = Freshness("primary")
         if state.source == "replica" and self._replica is not None:
             try:
                 result = await read(self._replica)
@@ -148,7 +156,8 @@ class Replica:
             return Freshness("primary", fallback="unavailable"), LAG_CHECK_SEC
         except _UNUSABLE as exc:
             self._report("unavailable", f"cannot be used ({_line(exc)})")
-            return Freshness("primary", fallback="unavailable"), RETRY_AFTER_SEC
+            return Freshness("primary", fallback="unavailable"), self._retry_after()
+        self._failures = 0
         assert row is not None  # a SELECT without FROM returns its row
         lag = self._tracker.observe(
             position, primary_at, row["replayed"], row["replay_age_sec"], time.monotonic()
@@ -192,8 +201,14 @@ class Replica:
         self._report("unavailable", f"cannot be reached ({_line(exc)})")
         fallback: Fallback = "unavailable"
         self._state = Freshness("primary", fallback=fallback)
-        self._until = time.monotonic() + RETRY_AFTER_SEC
+        self._until = time.monotonic() + self._retry_after()
         return self._state
+
+    def _retry_after(self) -> float:
+        """How long to leave the standby alone after one more failure to reach it."""
+        self._failures += 1
+        backoff: float = RETRY_AFTER_SEC * 2.0 ** min(self._failures - 1, 16)
+        return min(backoff, RETRY_AFTER_MAX_SEC)
 
     def _report(self, what: str, message: str) -> None:
         """Log why reads go to the primary, once until it changes."""
