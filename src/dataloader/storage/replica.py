@@ -19,7 +19,7 @@ from typing import Final, Protocol, TypeVar
 
 import asyncpg
 
-from dataloader.core.staleness import Fallback, Freshness, LagTracker, note_read
+from dataloader.core.staleness import Freshness, LagTracker, note_read
 from dataloader.exceptions import DatabaseUnavailable, DataloaderError
 from dataloader.logger.utils import mask_dsn
 from dataloader.storage import db
@@ -191,16 +191,15 @@ class Replica:
         return self._replica
 
     def _failed(self, exc: BaseException) -> Freshness:
-        """A read the standby failed: read on the primary; one it cannot reach is left alone
-        for RETRY_AFTER_SEC."""
+        """A read the standby failed: read on the primary; a standby it cannot reach is left
+        alone for RETRY_AFTER_SEC (more after failures in a row)."""
         if isinstance(exc, asyncpg.PostgresError) and not isinstance(
             exc, db.CONNECTION_ERRORS
         ):  # e.g. a query cancelled by a conflict with recovery: this read only
             self._report(f"error:{exc.sqlstate}", f"failed a read ({_line(exc)})")
             return Freshness("primary", fallback="error")
         self._report("unavailable", f"cannot be reached ({_line(exc)})")
-        fallback: Fallback = "unavailable"
-        self._state = Freshness("primary", fallback=fallback)
+        self._state = Freshness("primary", fallback="unavailable")
         self._until = time.monotonic() + self._retry_after()
         return self._state
 
