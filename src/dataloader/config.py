@@ -459,12 +459,19 @@ class Settings(BaseSettings):
         " the same for every replica; unset: one made once and kept in the database.",
     )
 
-    @field_validator("db_dsn", "target_dsn", "db_read_dsn")
+    @field_validator("db_dsn", "target_dsn")
     @classmethod
     def _check_dsn(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
         return normalise_dsn(value)  # asyncpg would fail on a bad one later, with a traceback
+
+    @field_validator("db_read_dsn")
+    @classmethod
+    def _check_read_dsn(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return normalise_dsn(value, writes=False)  # a standby is what it is for
 
     @field_validator("cron", mode="before")
     @classmethod
