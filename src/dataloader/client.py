@@ -23,9 +23,9 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import asyncpg
 from pydantic import BaseModel
@@ -51,7 +51,7 @@ from dataloader.health import MaintenanceState, SystemStatus, maintenance_state,
 from dataloader.logger.utils import mask_dsn
 from dataloader.processes import Processes
 from dataloader.storage import db
-from dataloader.storage.admin import AdminStore, read_status
+from dataloader.storage.admin import AdminStore, StatusCounts, read_counts, read_status
 from dataloader.storage.connections import (
     CallerConnections,
     Connections,
@@ -63,6 +63,7 @@ from dataloader.storage.connections import (
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.migrate import check_schema
 from dataloader.storage.presence import LiveWorker, PresenceStore, PublishedTask
+from dataloader.storage.replica import OnPrimary, Reads, Replica
 from dataloader.storage.repositories import (
     BulkResult,
     JobPage,
@@ -83,6 +84,8 @@ if TYPE_CHECKING:
     CallerConnection = AnyConnection | AsyncSession | AsyncConnection
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Channel on which the database announces that jobs ended (payload: their ids, comma-separated;
 #: `queries.SET_JOB_STATES` sends it with every transition to a final status).
@@ -142,6 +145,17 @@ class Client:
         self.registry = registry if registry is not None else default_registry
         self._repo = JobRepository(self._connections, actor, metrics.count_ended)
         self._admin = AdminStore(self._connections)
+        #: Where the reads that may be stale run (see "reads that may be stale" below).
+        self._reads: Reads = (
+            OnPrimary(self._connections)
+            if settings.db_read_dsn is None
+            else Replica(
+                settings.db_read_dsn,
+                self._connections,
+                max_lag_sec=settings.db_read_max_lag_sec,
+                timeout=settings.db_timeout_sec,
+            )
+        )
         self._presence = PresenceStore(OnConnections(self._connections))
         self._maintenance = MaintenanceStore(OnConnections(self._connections))
         self._defaults = JobDefaults(
@@ -180,7 +194,7 @@ class Client:
             view._origin, view._owned_pool, view._actors = origin, None, {}
             view.processes = Processes(view)
             origin._actors[actor] = view
-        return view
+        return view if self._reads is origin._reads else view.exact()  # an exact() stays so
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -215,7 +229,10 @@ class Client:
         if self._origin is not None:
             return
         try:
-            await self._finished.close()
+            try:
+                await self._finished.close()
+            finally:
+                await self._reads.close()
         finally:
             if self._owned_pool is not None:
                 await self._owned_pool.close()
@@ -357,6 +374,36 @@ class Client:
             known = self._task_options[name] = (task, JobOptions.of(task, self._defaults))
         return known[1]
 
+    # reads that may be stale -------------------------------------------------------------
+    #
+    # The one place that decides which reads may come from a streaming standby
+    # (DL_DB_READ_DSN, up to DL_DB_READ_MAX_LAG_SEC behind): those that show many jobs or
+    # processes at once, to a person or a monitor, where a second's delay changes nothing:
+    # `list`, `stats`, `throughput`, `status`'s counts, `processes.list`,
+    # `processes.counts`. Everything else reads the primary, always: a job's (or process's)
+    # own state and journal (its GET right after its trigger must find it), idempotency keys,
+    # whatever a change reads before it writes (bulk cancel and retry, `settle`), the live
+    # processes and maintenance (their liveness is timed), and the workers, which never read
+    # through a client. `exact()` gives a view of the client whose reads are all the
+    # primary's, for a caller whose decision depends on them.
+
+    async def _stale(self, read: Callable[[Connections], Awaitable[T]]) -> T:
+        """`read` on the connections of reads that may be stale (the standby, or the
+        primary when it is unreachable or too far behind, or when none is set)."""
+        return await self._reads.read(read)
+
+    def exact(self) -> Client:
+        """This client with every read on the primary (a read a decision depends on: whether
+        a queue is known before it is paused, say). It shares this client's connections;
+        closing it closes nothing."""
+        if isinstance(self._reads, OnPrimary):
+            return self
+        view = copy.copy(self)
+        view._reads = OnPrimary(self._connections)
+        view._origin, view._owned_pool, view._actors = self._origin or self, None, {}
+        view.processes = Processes(view)
+        return view
+
     # readers ---------------------------------------------------------------------------------
 
     async def get(self, job_id: uuid.UUID | str) -> JobState | None:
@@ -409,7 +456,8 @@ class Client:
         `cursor` for the next page (None: this is the last). Pages follow each other by
         keyset: jobs enqueued meanwhile never shift them. ValueError for a limit outside
         1…1000, an unknown status, a time without an offset, args that are not a JSON object
-        naming a key, or a cursor this list did not make."""
+        naming a key, or a cursor this list did not make. May be a little stale (read from
+        DL_DB_READ_DSN when set: see `exact`)."""
         _limit(limit)
         where = JobFilter(
             queue=queue,
@@ -423,22 +471,27 @@ class Client:
             finished_until=finished_until,
             args=args,
         )
-        return await self._repo.list(where, limit, cursor)
+        return await self._stale(lambda on: JobRepository(on).list(where, limit, cursor))
 
     async def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
         """Per-queue statistics: {queue: QueueStats} for every queue holding jobs that are
         queued, running, failed or lost; with `queue`, that queue only (zeros if it holds
         none). Reads only the jobs in those states: as cheap with millions of finished jobs
-        in the table as with none."""
-        return await self._admin.queue_stats(queue)
+        in the table as with none. May be a little stale (DL_DB_READ_DSN)."""
+        return await self._stale(lambda on: AdminStore(on).queue_stats(queue))
 
     # the system ------------------------------------------------------------------------------
 
     async def status(self) -> SystemStatus:
         """The whole system, as GET /status shows it: each queue's jobs, the live processes,
         who leads maintenance and how its chores last ran, the schedules, the queue table's
-        health, and the warnings they call for."""
-        reading = await read_status(self._admin, self._presence, self._maintenance)
+        health, and the warnings they call for. Its counts of jobs and processes may be a
+        little stale (DL_DB_READ_DSN); the live processes and maintenance are the primary's."""
+
+        async def counts(live: builtins.list[LiveWorker]) -> StatusCounts:
+            return await self._stale(lambda on: read_counts(on, live))
+
+        reading = await read_status(self._admin, self._presence, self._maintenance, counts)
         return system_status(reading, self.settings)
 
     async def throughput(
@@ -446,11 +499,13 @@ class Client:
     ) -> builtins.list[ThroughputPoint]:
         """Attempts ended per outcome (succeeded, failed, retried, canceled, lost) in each
         `step_sec` of the last `span_sec` seconds (a day at most: older counts are pruned),
-        every queue together or `queue`'s; steps without any are left out."""
+        every queue together or `queue`'s; steps without any are left out. May be a little
+        stale (DL_DB_READ_DSN)."""
         if not 10 <= step_sec <= span_sec <= 86_400:
             raise ValueError("throughput: 10 <= step_sec <= span_sec <= 86400")
-        return await self._admin.throughput_series(
-            span_sec, step_sec, None if queue is None else _name("queue", queue)
+        named = None if queue is None else _name("queue", queue)
+        return await self._stale(
+            lambda on: AdminStore(on).throughput_series(span_sec, step_sec, named)
         )
 
     async def workers(self) -> builtins.list[LiveWorker]:

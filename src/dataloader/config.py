@@ -244,6 +244,20 @@ class Settings(BaseSettings):
         description="Database of the engine and sessions tasks get (ctx.engine); unset: the"
         " queue's own.",
     )
+    db_read_dsn: str | None = Field(
+        default=None,
+        description="A streaming standby (or any server showing the queue's database) for"
+        " the reads that may be a little stale: lists of jobs and processes, queue statistics,"
+        " charts, /status's counts; never a job's own state, claims or what a change reads"
+        " first. Unreachable or behind by more than DL_DB_READ_MAX_LAG_SEC: the primary.",
+    )
+    db_read_max_lag_sec: float = Field(
+        default=5,
+        gt=0,
+        le=86_400,
+        description="Reads that may be stale go to the primary while DL_DB_READ_DSN is"
+        " further behind than this.",
+    )
     reaper_period_sec: float = Field(
         default=10, gt=0, le=86_400, description="Expired-lease sweep period."
     )
@@ -451,6 +465,13 @@ class Settings(BaseSettings):
         if value is None or not value.strip():
             return None
         return normalise_dsn(value)  # asyncpg would fail on a bad one later, with a traceback
+
+    @field_validator("db_read_dsn")
+    @classmethod
+    def _check_read_dsn(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return normalise_dsn(value, writes=False)  # a standby is what it is for
 
     @field_validator("cron", mode="before")
     @classmethod

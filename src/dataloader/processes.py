@@ -62,6 +62,7 @@ from dataloader.exceptions import (
     ProcessTimeout,
 )
 from dataloader.storage import processes as store
+from dataloader.storage.connections import Connections
 from dataloader.storage.db import AnyConnection
 from dataloader.storage.processes import ProcessPage
 from dataloader.storage.repositories import enqueue
@@ -370,21 +371,26 @@ class Processes:
         cursor: int | None = None,
     ) -> ProcessPage:
         """Live processes newest first, of a namespace and a status when given; `cursor` is
-        the `next_cursor` of the previous page."""
+        the `next_cursor` of the previous page. May be a little stale (DL_DB_READ_DSN)."""
         _page(limit)
-        async with self._client._connections.connection() as conn:
-            return await store.list_processes(
-                conn,
-                namespace=namespace,
-                status=None if status is None else ProcessStatus(status),
-                limit=limit,
-                before=cursor,
-            )
+        wanted = None if status is None else ProcessStatus(status)
+
+        async def read(on: Connections) -> ProcessPage:
+            async with on.connection() as conn:
+                return await store.list_processes(
+                    conn, namespace=namespace, status=wanted, limit=limit, before=cursor
+                )
+
+        return await self._client._stale(read)
 
     async def counts(self) -> dict[tuple[str, str], int]:
-        """Live processes by (namespace, status)."""
-        async with self._client._connections.connection() as conn:
-            return await store.count_processes(conn)
+        """Live processes by (namespace, status). May be a little stale (DL_DB_READ_DSN)."""
+
+        async def read(on: Connections) -> dict[tuple[str, str], int]:
+            async with on.connection() as conn:
+                return await store.count_processes(conn)
+
+        return await self._client._stale(read)
 
     async def events(
         self, namespace: str, process_id: str, *, after: int = 0, limit: int = 100

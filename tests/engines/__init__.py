@@ -1,1 +1,2 @@
-"""Engines the tests start themselves from Debian packages (Patroni with etcd, …)."""
+"""Engines the tests start themselves from Debian packages: a streaming standby, Patroni
+with etcd."""

@@ -388,7 +388,7 @@ async def claim_answered_in_a_stop(
     stopping = asyncio.create_task(service.manager.stop(timeout=30))
 
     async def stop_began() -> bool:
-        return not worker.keep_slot()  # a stopping worker keeps no slot
+        return worker.stopped_claiming
 
     await wait_until(stop_began, what="the stop to begin")
     if hurried:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import asyncpg
 import pytest
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import dataloader
 from dataloader import Client, DatabaseUnavailable, JobStatus
+from dataloader.core.dsn import normalise_dsn
 
 from .clients import SOURCES, open_client, sqlalchemy_url
 from .conftest import wait_until
@@ -172,3 +174,38 @@ def test_database_unavailable_is_part_of_the_public_api() -> None:
     assert "DatabaseUnavailable" in dataloader.__all__
     assert issubclass(dataloader.DatabaseUnavailable, dataloader.DataloaderError)
     assert JobStatus.QUEUED  # the module's other names stay importable beside it
+
+
+def _twice(dsn: str) -> str:
+    """`dsn` naming its server twice, as a failover DSN names a primary and its standby."""
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    if "host" in query:  # a Unix socket
+        query["host"] = [f"{query['host'][0]},{query['host'][0]}"]
+        return normalise_dsn(parts._replace(query=urlencode(query, doseq=True)).geturl())
+    credentials, _, hostport = parts.netloc.rpartition("@")
+    return normalise_dsn(parts._replace(netloc=f"{credentials}@{hostport},{hostport}").geturl())
+
+
+async def test_a_failover_dsn_whose_hosts_are_all_standbys_raises_database_unavailable(
+    empty_db_dsn: str,
+) -> None:
+    """In the middle of a failover no host takes writes yet: the client says the database is
+    unavailable (worth retrying), not that something is wrong."""
+    admin = await asyncpg.connect(empty_db_dsn)
+    try:  # as a hot standby is: every transaction read-only
+        database = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+    finally:
+        await admin.close()
+    dsn = _twice(empty_db_dsn)
+    assert "target_session_attrs=read-write" in dsn
+    pool = await asyncpg.create_pool(dsn, min_size=0, max_size=2)
+    try:
+        async with Client(pool=pool) as client:
+            for name in ("enqueue", "get", "stats"):
+                with pytest.raises(DatabaseUnavailable) as raised:
+                    await asyncio.wait_for(CALLS[name](client, uuid.uuid4()), 30)
+                assert_unavailable(name, raised.value)
+    finally:
+        await pool.close()

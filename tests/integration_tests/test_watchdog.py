@@ -22,6 +22,7 @@ from dataloader.storage.protocol import WorkerProtocol
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 from dataloader.workers.reaper import Reaper
+from dataloader.workers.watchdog import Watchdog
 
 from .helpers import wait_until
 
@@ -122,3 +123,53 @@ async def test_a_loop_that_answers_in_time_is_named_nowhere(
         status = await runner.client.status()
     assert not [r for r in caplog.records if r.name == "dataloader.workers.watchdog"]
     assert not [w for w in status.warnings if "held for" in w]
+
+
+async def test_a_watchdog_thread_that_fails_is_logged_recorded_and_started_again(
+    make_settings: Callable[..., Settings],
+    registry: TaskRegistry,
+    conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The watchdog is a loop of the process like the others: its thread failing (here, once,
+    as when its connection is refused) is logged with its cause, recorded for /status and
+    followed by a new thread, which is then recorded as running."""
+    caplog.set_level(logging.ERROR, "dataloader.workers.supervisor")
+    watch = Watchdog._watch
+    starts = 0
+
+    async def fails_first(self: Watchdog) -> None:
+        nonlocal starts
+        starts += 1
+        if starts == 1:
+            raise ConnectionRefusedError("the watchdog's connection was refused")
+        await watch(self)
+
+    monkeypatch.setattr(Watchdog, "_watch", fails_first)
+    settings = make_settings(workers=[{"queue": "default", "concurrency": 1}])
+    async with Runner(settings, registry) as runner:
+        assert runner.manager is not None
+        watchdog = runner.manager.watchdog
+
+        async def run_of_watchdog() -> asyncpg.Record | None:
+            return await conn.fetchrow(
+                "SELECT ok, error FROM dl_maintenance_runs WHERE task = 'watchdog' AND holder = $1",
+                runner.manager.worker_id if runner.manager else None,
+            )
+
+        failed = await wait_until(run_of_watchdog, what="the failure recorded")
+        assert (failed["ok"], failed["error"]) == (
+            False,
+            "ConnectionRefusedError: the watchdog's connection was refused",
+        )
+
+        async def running_again() -> bool:
+            run = await run_of_watchdog()
+            return run is not None and run["ok"] and watchdog.watching()
+
+        await wait_until(running_again, what="a new watchdog thread, recorded as running")
+        assert starts == 2
+    [line] = [r for r in caplog.records if "watchdog failed" in r.getMessage()]
+    assert line.exc_info is not None
+    assert not watchdog.watching()  # the process stopped its thread with it

@@ -199,6 +199,12 @@ def test_a_keyword_value_dsn_is_accepted(monkeypatch: pytest.MonkeyPatch) -> Non
     )
 
 
+def test_a_read_dsn_may_ask_for_a_standby(monkeypatch: pytest.MonkeyPatch) -> None:
+    dsn = "postgresql://h1,h2/db?target_session_attrs=prefer-standby"
+    monkeypatch.setenv("DL_DB_READ_DSN", dsn)
+    assert load_settings(_env_file=None).db_read_dsn == dsn
+
+
 def test_a_dsn_asking_for_a_standby_is_a_config_error_naming_it() -> None:
     message = config_error(DL_DB_DSN="postgresql://h1,h2/db?target_session_attrs=standby")
     assert message.startswith("DL_DB_DSN")

@@ -14,8 +14,10 @@ from fastapi_offline import FastAPIOffline
 from dataloader.api.auth import Authenticator
 from dataloader.api.live import LiveTasks
 from dataloader.api.middleware import (
+    READ_FROM_HEADER,
     REQUEST_ID_HEADER,
     BodyLimitMiddleware,
+    ReadFreshnessMiddleware,
     RequestContextMiddleware,
 )
 from dataloader.api.openapi import install_openapi
@@ -85,6 +87,7 @@ def create_app(
     app.state.manager = None
     app.state.request_summary = requests
     app.state.authenticator = Authenticator(settings.api_tokens)
+    app.add_middleware(ReadFreshnessMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
     if settings.http_allowed_origins:
         # the front-ends allowed to change things may read the answers too
@@ -93,7 +96,7 @@ def create_app(
             allow_origins=settings.http_allowed_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=[REQUEST_ID_HEADER],
+            expose_headers=[REQUEST_ID_HEADER, READ_FROM_HEADER],
         )
     app.add_middleware(CrossSiteGuard, allowed_origins=settings.http_allowed_origins)
     app.add_middleware(

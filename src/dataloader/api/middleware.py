@@ -1,6 +1,7 @@
 """HTTP middleware: a request id on every request (taken from `X-Request-ID` or made up),
 bound to the logging context and echoed in the response, and an access log line, counted in
-the periodic summary of requests; and a bound on the size of request bodies."""
+the periodic summary of requests; a bound on the size of request bodies; and where an answer's
+lists and counts were read when they may be stale (`X-Dataloader-Read-From`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Literal
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dataloader.core.staleness import observing_reads
 from dataloader.logger import log_context
 from dataloader.logger.summary import Summary
 
@@ -152,3 +154,36 @@ async def _answer(send: Send, status: int, detail: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+#: Says where an answer's lists and counts were read, when they may be stale: `replica;
+#: lag=0.412s`, or `primary; fallback=lagging|unavailable|error` (DL_DB_READ_DSN set, the
+#: replica not used this time). Absent from answers that read nothing that may be stale.
+READ_FROM_HEADER = "x-dataloader-read-from"
+
+
+class ReadFreshnessMiddleware:
+    """Observe where each request's reads that may be stale were served
+    (`core.staleness.observing_reads`: the routes and pages see it too) and say it in
+    READ_FROM_HEADER. Pure ASGI: the route runs in this context, so what it reads is seen
+    here when its answer starts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with observing_reads() as seen:
+
+            async def send_marked(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    freshness = seen.freshness
+                    if freshness is not None:
+                        headers = list(message.get("headers", []))
+                        headers.append((READ_FROM_HEADER.encode(), freshness.header().encode()))
+                        message["headers"] = headers
+                await send(message)
+
+            await self.app(scope, receive, send_marked)

@@ -147,7 +147,9 @@ def pause(
 async def _check_known(client: Client, queue: str) -> None:
     """ValueError unless something knows `queue`: a job of it (in any state), a live process
     serving it, a setting (paused, limits) or an entry of its audit log. A pause of a name
-    nothing knows would stop nothing, silently: most likely a typo."""
+    nothing knows would stop nothing, silently: most likely a typo. Read on the primary: a
+    queue whose first job was just enqueued is known."""
+    client = client.exact()
     stats = (await client.stats(queue))[queue]
     if (
         stats.total

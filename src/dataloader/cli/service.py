@@ -128,6 +128,14 @@ async def _prepare_database(settings: Settings) -> Settings:
             shown_target,
             extra={"target_database": target, "target_dsn": shown_target},
         )
+    if settings.db_read_dsn is not None:
+        shown_reads = mask_dsn(settings.db_read_dsn)
+        log.info(
+            "reads that may be stale (DL_DB_READ_DSN): %s, while at most %gs behind",
+            shown_reads,
+            settings.db_read_max_lag_sec,
+            extra={"read_dsn": shown_reads},
+        )
     return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
 
 

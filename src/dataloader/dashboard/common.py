@@ -19,6 +19,7 @@ from dataloader.api.segments import segment
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core import display
+from dataloader.core.staleness import current_freshness
 from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD, SESSION_SEC, Sessions, Viewer
 from dataloader.health import SystemStatus
 from dataloader.logger.utils import mask_mapping, mask_text
@@ -163,6 +164,8 @@ def render(request: Request, viewer: Viewer, template: str, **context: Any) -> H
             "may_admin": viewer.may(Scope.admin),
             "csrf_field": CSRF_FIELD,
             "prefix": PREFIX,
+            # where its lists and counts were read, when they may be stale (DL_DB_READ_DSN)
+            "freshness": current_freshness(),
             **context,
         },
         headers={"Cache-Control": "no-store"},

@@ -3,8 +3,9 @@ pause and resume with their audit log, the table's health, recent lock_key colli
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -21,7 +22,7 @@ from dataloader.core.queues import (
     throughput_of,
 )
 from dataloader.storage import processes, queries
-from dataloader.storage.connections import Connections
+from dataloader.storage.connections import Connections, OnConnections
 from dataloader.storage.db import AnyConnection
 from dataloader.storage.maintenance import Lease, MaintenanceRun, MaintenanceStore
 from dataloader.storage.presence import LiveWorker, PresenceStore, live_worker
@@ -35,6 +36,11 @@ class AdminStore:
 
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
+
+    @property
+    def connections(self) -> Connections:
+        """Where its statements run."""
+        return self._connections
 
     async def throughput_series(
         self, span_sec: int, step_sec: int, queue: str | None = None
@@ -220,20 +226,50 @@ class StatusReading:
     processes_in_error: dict[str, int] = field(default_factory=dict)
 
 
-async def read_status(
-    admin: AdminStore, presence: PresenceStore, maintenance: MaintenanceStore
-) -> StatusReading:
-    """The whole system as /status shows it: the live processes first, which the queues'
-    statistics count rather than read again."""
-    live = await presence.live_workers()
-    return StatusReading(
+@dataclass(frozen=True)
+class StatusCounts:
+    """What /status counts of the jobs and processes: the part of it that may be read from a
+    standby (`read_counts`)."""
+
+    queues: dict[str, QueueStats]
+    ready: list[str]
+    queued_tasks: dict[str, list[str]]
+    processes_in_error: dict[str, int]
+
+
+async def read_counts(connections: Connections, live: list[LiveWorker]) -> StatusCounts:
+    """/status's counts on `connections`, the queues' workers counted from `live`."""
+    admin = AdminStore(connections)
+    presence = PresenceStore(OnConnections(connections))
+    return StatusCounts(
         queues=await admin.queue_stats(live=live),
-        table=await admin.maintenance(),
-        live=live,
         ready=await presence.ready_queues(),
         queued_tasks=await presence.queued_tasks(),
+        processes_in_error=await admin.processes_in_error(),
+    )
+
+
+async def read_status(
+    admin: AdminStore,
+    presence: PresenceStore,
+    maintenance: MaintenanceStore,
+    counts: Callable[[list[LiveWorker]], Awaitable[StatusCounts]] | None = None,
+) -> StatusReading:
+    """The whole system as /status shows it: the live processes first, which the queues'
+    statistics count rather than read again; the counts by `counts` (given the live
+    processes), or on `admin`'s connections. The table's health, the live processes and
+    maintenance are `admin`'s, `presence`'s and `maintenance`'s (the primary's: a standby
+    has its own transactions and dead rows, and its lag would age the processes' beats)."""
+    live = await presence.live_workers()
+    counted = await (counts or functools.partial(read_counts, admin.connections))(live)
+    return StatusReading(
+        queues=counted.queues,
+        table=await admin.maintenance(),
+        live=live,
+        ready=counted.ready,
+        queued_tasks=counted.queued_tasks,
         leases=await maintenance.leases(),
         runs=await maintenance.runs(),
         cron=await maintenance.cron_state(),
-        processes_in_error=await admin.processes_in_error(),
+        processes_in_error=counted.processes_in_error,
     )

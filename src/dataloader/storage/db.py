@@ -78,13 +78,20 @@ async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Con
 
 
 def new_pool(
-    dsn: str, size: int, application_name: str, timeout: float = DEFAULT_TIMEOUT_SEC
+    dsn: str,
+    size: int,
+    application_name: str,
+    timeout: float = DEFAULT_TIMEOUT_SEC,
+    *,
+    min_size: int = 1,
 ) -> Pool:
     """A pool for the queue's short statements, opened by `await pool`. Its connections must
-    not be left with session state (session advisory locks, LISTEN, SET): they are not reset."""
+    not be left with session state (session advisory locks, LISTEN, SET): they are not reset.
+    `min_size=0`: no connection kept open, nor reopened in the background (with a warning
+    each time) while the server is away."""
     pool: Pool = asyncpg.create_pool(
         dsn,
-        min_size=1,
+        min_size=min_size,
         max_size=size,
         init=_init_connection,
         reset=_skip_reset,
@@ -97,10 +104,15 @@ def new_pool(
 
 
 async def create_pool(
-    dsn: str, size: int, application_name: str, timeout: float = DEFAULT_TIMEOUT_SEC
+    dsn: str,
+    size: int,
+    application_name: str,
+    timeout: float = DEFAULT_TIMEOUT_SEC,
+    *,
+    min_size: int = 1,
 ) -> Pool:
     """The pool behind the API (and what pipelines are given), open."""
-    pool = new_pool(dsn, size, application_name, timeout)
+    pool = new_pool(dsn, size, application_name, timeout, min_size=min_size)
     await pool
     return pool
 

@@ -274,10 +274,15 @@ class QueueWorker(Slots):
         #: Jobs claimed ahead of free slots since the worker started (for operators, tests).
         self.claimed_ahead = 0
 
+    @property
+    def stopped_claiming(self) -> bool:
+        """Whether the process has told this worker to stop claiming (a stop has begun)."""
+        return self._stopping is not None and self._stopping.is_set()
+
     def keep_slot(self) -> bool:
         """Keep a free slot for a job an outcome's write may claim for this worker (see
         `Completer`); False when none is free or the worker stops claiming."""
-        if self._stopping is None or self._stopping.is_set():
+        if self._stopping is None or self.stopped_claiming:
             return False
         if len(self._jobs) + self._kept + self._claiming >= self.concurrency:
             return False

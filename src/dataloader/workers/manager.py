@@ -147,7 +147,7 @@ class WorkerManager:
             await locks.close()
             await self._pool.close()
             raise
-        self.watchdog.start()
+        self._spawn("watchdog", self.watchdog.run, self._stop_all)
         self._spawn("locks", locks.maintain, self._stop_all)
         self._spawn("listener", self.listener.run, self._stop_all)
         self._spawn("heartbeat", self.heartbeat.run, self._stop_all)

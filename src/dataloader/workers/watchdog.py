@@ -27,11 +27,12 @@ from the watchdog too, and is found gone as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
@@ -84,15 +85,38 @@ class Watchdog:
         self.last_hold: Hold | None = None
         self._unrecorded: Hold | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name="dataloader-watchdog", daemon=True)
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Watch from the thread until `stopping` is set. A thread that fails (its connection
+        refused at start, a bug) raises here, on the watched loop, where the process's
+        supervisor logs it, records it for /status and starts the watchdog again."""
+        ended: asyncio.Future[None] = self._loop.create_future()
+        self._stop.clear()
+        self._asked, self._holder = False, None
+        self._thread = threading.Thread(
+            target=self._main, args=(ended,), name="dataloader-watchdog", daemon=True
+        )
         self._thread.start()
+        try:
+            stopped: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait([ended, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+        finally:
+            await self.stop()
+        if ended.done():
+            ended.result()  # the thread's failure, if it failed
+
+    def watching(self) -> bool:
+        """Whether the watchdog's thread runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     async def stop(self) -> None:
         """Stop the thread and close its connection (without holding the loop meanwhile)."""
         self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, 10)
 
     def held_after(self) -> float:
         """How long the loop may go without answering before the process's liveness is kept
@@ -114,8 +138,15 @@ class Watchdog:
             log.warning(hold.message(), extra={"held_sec": round(held, 3)})
         self._asked = False
 
-    def _main(self) -> None:
-        asyncio.run(self._watch())
+    def _main(self, ended: asyncio.Future[None]) -> None:
+        """The thread: watch until stopped, then tell the watched loop how it ended."""
+        failure: BaseException | None = None
+        try:
+            asyncio.run(self._watch())
+        except BaseException as exc:  # reported on the watched loop, where it is supervised
+            failure = exc
+        with contextlib.suppress(RuntimeError):  # the watched loop is closed: nobody to tell
+            self._loop.call_soon_threadsafe(_settle, ended, failure)
 
     async def _watch(self) -> None:
         pool = db.new_pool(self._dsn, 1, "dataloader-watchdog", self._rt.settings.db_timeout_sec)
@@ -192,6 +223,16 @@ class Watchdog:
                 # when the loop answers again (stopping a handler needs the loop)
         except Exception as exc:  # the next tick tries again
             log.warning("the watchdog could not keep the process alive: %r", exc)
+
+
+def _settle(ended: asyncio.Future[None], failure: BaseException | None) -> None:
+    """Resolve `ended` with the thread's failure, or with nothing (run on the watched loop)."""
+    if ended.done():
+        return
+    if failure is None:
+        ended.set_result(None)
+    else:
+        ended.set_exception(failure)
 
 
 @dataclass(frozen=True, slots=True)
