@@ -329,6 +329,7 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
         }
         report.figures = figures = {
             "acknowledged": len(acknowledged),
+            "switchover_to_replicas_whole_s": round(marks["recovered"] - marks["switchover"], 2),
             "kill_to_new_leader_s": round(marks["new_leader"] - marks["kill"], 2),
             "kill_to_first_job_done_s": first_done
             and round((first_done - killed_at).total_seconds(), 2),
