@@ -194,10 +194,16 @@ def name_of(exc: Exception) -> str:
 
 
 def percentiles(answers: list[Answer], since: float, until: float) -> dict[str, Any]:
-    """p50/p99 (ms) of the successful calls started in [since, until), and the failed ones."""
+    """p50/p99 (ms) of the successful calls started in [since, until); the failed ones, and
+    for how long calls failed."""
     window = [a for a in answers if since <= a.at < until]
     ok = sorted(a.latency for a in window if a.outcome in ("200", "201", "ok", "succeeded"))
-    figures: dict[str, Any] = {"calls": len(window), "failed": len(window) - len(ok)}
+    failed = [a for a in window if a.outcome not in ("200", "201", "ok", "succeeded")]
+    figures: dict[str, Any] = {"calls": len(window), "failed": len(failed)}
+    if failed:  # from the start of the first failed call to the end of the last
+        figures["failing_s"] = round(
+            max(a.at + a.latency for a in failed) - min(a.at for a in failed), 2
+        )
     if ok:
         figures["p50_ms"] = round(statistics.median(ok) * 1000, 1)
         figures["p99_ms"] = round(ok[min(len(ok) - 1, int(len(ok) * 0.99))] * 1000, 1)
