@@ -1,13 +1,16 @@
 """A PostgreSQL failover under load: two replicas on a Patroni cluster (tests/engines/
-patroni.py) with a synchronous standby, producers over HTTP and through the library, a queue
-limit and a cron schedule, then a planned switchover and, once all runs again, the primary's
-machine lost (Patroni and PostgreSQL killed).
+patroni.py) with a synchronous standby; producers over HTTP and through the library, a caller
+that waits for its jobs, callers of two durable processes, a queue limit and a cron schedule;
+then a planned switchover and, once all runs again, the primary's machine lost (Patroni and
+PostgreSQL killed).
 
 Asserted: every trigger answered 2xx ends `succeeded`, its effect written once (the ledger's
 checker: no overlap of a lock_key, no advisory lock left); the API answered only 2xx or 503
-throughout; the library raised only `DatabaseUnavailable`; both replicas are whole afterwards
-(presence, listener, maintenance leadership, jobs running on both). Measured: the time from
-the kill to the first job finishing after it, and trigger latencies around each fault.
+throughout; the library raised only `DatabaseUnavailable`; every process call was applied
+once, in order; both replicas are whole afterwards (presence, listener, maintenance
+leadership, cron, jobs running on both). Measured (printed, and in the fault report): the time
+from the kill to the first job finishing after it, how long calls failed, and the latencies of
+the calls before, around and after each fault.
 """
 
 from __future__ import annotations
