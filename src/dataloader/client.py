@@ -895,10 +895,11 @@ class _FinishedJobs:
                 finally:
                     if not self.closed:  # closing keeps it set: no wait may block on it
                         self._listening.clear()
-                    if not conn.is_closed():
+                    if not _gone(conn):
                         await stop_listening_for_ended_jobs(conn, self._notified)
             finally:
-                conn.remove_termination_listener(on_lost)
+                if not _gone(conn):
+                    conn.remove_termination_listener(on_lost)
 
     async def _until_unwanted(self, lost: asyncio.Event) -> None:
         """Return once the connection is lost, the client closes, or nobody has waited for
@@ -944,6 +945,17 @@ class _FinishedJobs:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _gone(conn: Any) -> bool:
+    """Whether `conn` was lost (a failover, a restart, a terminated session): closed, or, a
+    pool's connection, already taken back by its pool, which asyncpg does the moment the
+    connection closes under it, so that every further call on it raises InterfaceError.
+    Nothing is left to undo on such a connection."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
 
 
 async def _either(*events: asyncio.Event) -> None:

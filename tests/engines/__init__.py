@@ -1,0 +1,2 @@
+"""Engines the tests start themselves from Debian packages: a streaming standby, Patroni
+with etcd."""

@@ -4,13 +4,13 @@ What the checker asserts (see `Report.violations`):
 * every job ended `succeeded` (scenarios give jobs attempts to spare, so nothing may end
   `failed` or `lost`, nor stay `queued`/`running` once the scenario has settled), or in
   another final state the scenario allows (`canceled` where it cancels);
-* each job's effect was written exactly once, and every succeeded job has it;
+* each job's effect was written exactly once, and every succeeded job of the pipeline has it;
 * no two runs of one lock_key overlapped in time (a run killed with its process ends when the
   kill was sent: the process does nothing after it, and its locks are only freed later);
 * no advisory lock is held in the database once every job is finished;
-* attempts only grow on real executions: each attempt number of a job either has a run in the
-  ledger or was picked by a process the scenario hit with a fault around that time (killed
-  before it could start the run, or cut off from the database).
+* attempts only grow on real executions: each attempt number of a pipeline job either has a
+  run in the ledger or was picked by a process the scenario hit with a fault around that time
+  (killed before it could start the run, or cut off from the database).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ CREATE TABLE fault_fenced_out (
 
 
 SUCCEEDED = frozenset({"succeeded"})
+#: The fault pipeline's task (pipeline.TASK): its jobs write the ledger; other jobs of a
+#: scenario (a durable process's tasks) are checked for their final state only.
+PIPELINE_TASK = "fault.work"
 #: A pick without a run is explained by a fault that hit its process at most this long after
 #: it (the run could not start) or before it (the claim's answer was lost on the way back,
 #: while the process was cut off and had not noticed yet).
@@ -72,6 +75,8 @@ class Report:
     overlaps: list[str] = field(default_factory=list)
     leftover_advisory_locks: int = 0
     unexplained_attempts: list[str] = field(default_factory=list)
+    #: What the scenario measured besides (latencies, recovery times), by name.
+    figures: dict[str, Any] = field(default_factory=dict)
 
     def violations(self) -> list[str]:
         found = []
@@ -138,8 +143,9 @@ async def check(
         " HAVING count(*) > 1) d"
     )
     report.missing_effects = await conn.fetchval(
-        "SELECT count(*) FROM dl_jobs j WHERE status = 'succeeded'"
-        " AND NOT EXISTS (SELECT 1 FROM fault_effects e WHERE e.job_id = j.job_id)"
+        "SELECT count(*) FROM dl_jobs j WHERE status = 'succeeded' AND task = $1"
+        " AND NOT EXISTS (SELECT 1 FROM fault_effects e WHERE e.job_id = j.job_id)",
+        PIPELINE_TASK,
     )
     report.overlaps = await _overlaps(conn, killed_at)
     report.leftover_advisory_locks = await conn.fetchval(
@@ -186,8 +192,10 @@ async def _unexplained_attempts(
             SELECT e.payload->>'worker' AS worker, e.ts AS picked_at FROM dl_job_events e
             WHERE e.job_id = j.job_id AND e.kind = 'picked' AND (e.payload->>'attempt')::int = n
             ORDER BY e.event_id DESC LIMIT 1) p ON true
-        WHERE NOT EXISTS (SELECT 1 FROM fault_runs r WHERE r.job_id = j.job_id AND r.attempt = n)
-        """
+        WHERE j.task = $1
+          AND NOT EXISTS (SELECT 1 FROM fault_runs r WHERE r.job_id = j.job_id AND r.attempt = n)
+        """,
+        PIPELINE_TASK,
     )
     return [
         f"{r['job_id']}#{r['attempt']} picked by {r['worker']}"

@@ -8,6 +8,7 @@ minutes, so a wait that returns within seconds of the job's end was woken by the
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import defaultdict
@@ -287,6 +288,27 @@ async def test_a_terminated_listening_connection_loses_no_waiter(
     state = await waiting
     assert time.monotonic() - runs.opened["g"] < WOKEN_WITHIN_SEC
     assert state.status == JobStatus.SUCCEEDED
+
+
+async def test_a_lost_listening_connection_is_replaced_at_once_and_quietly(
+    client: Client, conn: asyncpg.Connection, runs: Runs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that goes away under the LISTEN (a failover, a restart) is an event the
+    listener expects: it listens again on a new connection at once, with no warning (the
+    pool has already taken the lost connection back, and there is nothing left to undo)."""
+    job = await client.enqueue("t.work", {"gate": "g", "value": 1}, lock_key="k")
+    waiting = asyncio.create_task(client.wait(job.job_id, timeout=60))
+    first = await until_waiting(client, conn, 1)
+    with caplog.at_level(logging.WARNING, logger="dataloader.client"):
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", first)
+
+        async def listening_again() -> list[int]:
+            return [pid for pid in await listeners(conn) if pid != first]
+
+        await wait_until(listening_again, what="a new listening connection")
+    assert [r.getMessage() for r in caplog.records if r.name == "dataloader.client"] == []
+    runs.open("g")
+    assert (await waiting).status == JobStatus.SUCCEEDED
 
 
 async def test_a_job_ending_while_nobody_listens_is_not_missed(

@@ -15,7 +15,7 @@ from dataloader.core.transitions import on_expired
 from dataloader.runner import Runner
 from dataloader.storage.protocol import WorkerProtocol
 from dataloader.tasks import TaskRegistry
-from dataloader.workers.fencing import presence_window
+from dataloader.workers.fencing import GONE_AFTER_PERIODS, PresenceFence, presence_window
 from dataloader.workers.reaper import Reaper
 
 from .conftest import StartService
@@ -73,6 +73,36 @@ async def test_the_jobs_of_a_gone_owner_are_taken_back_and_a_late_but_live_ones_
     )
     assert (event["attempt"], event["reason"]) == ("1", "lease expired")
     assert await conn.fetchval("SELECT worker_id FROM dl_jobs WHERE job_id = $1", slow) == "slow"
+
+
+async def test_after_an_outage_it_saw_the_reaper_leaves_the_others_time_to_come_back(
+    start_service: StartService, conn: asyncpg.Connection
+) -> None:
+    """A failover or a restart lapses every process's presence, the live ones' too: the
+    reaper's process, having seen the database away, judges them only once they have had
+    three periods to refresh (and to hand back the jobs they stopped, refunded)."""
+    await add_owner(conn, "away", seen_ago_sec=20)  # as every process is after an outage
+    job_id = await running_job(conn, "away")
+    service = await start_service(run_workers=False)
+    fence = PresenceFence(1.0)
+    reaper = Reaper(WorkerProtocol(service.context.pool), "r", presence=fence)
+    fence.failed()  # this process's own refresh could not reach the database
+    assert await reaper.sweep() == {"waiting_after_outage": 1, "put_back": 0}
+    assert reaper.due_in == 1.0
+    fence.refreshed(time.monotonic())  # back
+    assert await reaper.sweep() == {"waiting_after_outage": 1, "put_back": 0}
+    assert await status_of(conn, job_id) == "running"
+    assert reaper.due_in is not None
+    assert 2.5 < reaper.due_in <= GONE_AFTER_PERIODS * 1.0  # the next pass, when it may judge
+    # the owner came back meanwhile: its job stays its own
+    await conn.execute("UPDATE dl_workers SET seen_at = now() WHERE worker_id = 'away'")
+    fence.back_at -= GONE_AFTER_PERIODS  # (three periods later)
+    assert await reaper.sweep() == {"put_back": 0}
+    assert await status_of(conn, job_id) == "running"
+    # one that did not come back is gone, as ever
+    await conn.execute("UPDATE dl_workers SET seen_at = now() - interval '20 seconds'")
+    assert await reaper.sweep() == {"queued": 1, "put_back": 0}
+    assert await status_of(conn, job_id) == "queued"
 
 
 async def test_a_refresh_that_lands_between_the_reapers_read_and_write_keeps_the_jobs(

@@ -95,3 +95,20 @@ def test_at_the_defaults_a_killed_process_s_jobs_are_reaped_within_6_1_s_of_the_
     claimed = kill - since_claim
     reaped = _reaped_at(kill, kill - since_refresh, claimed, claimed - since_pass)
     assert reaped - kill <= 6.0 + DUE_MARGIN_SEC + 1e-9
+
+
+@pytest.mark.parametrize("period", PERIODS)
+def test_after_an_outage_the_reaper_waits_three_periods_from_the_databases_return(
+    period: float,
+) -> None:
+    fence = PresenceFence(period)
+    fence.refreshed(100.0)
+    assert fence.outage_wait(now=100.5) == 0  # no outage seen: the reaper judges at once
+    fence.failed()
+    assert fence.outage_wait(now=130.0) == period  # still away: look again in a period
+    fence.refreshed(140.0)  # the database is back
+    assert fence.outage_wait(now=140.0) == pytest.approx(GONE_AFTER_PERIODS * period)
+    assert fence.outage_wait(now=140.0 + period) == pytest.approx((GONE_AFTER_PERIODS - 1) * period)
+    assert fence.outage_wait(now=140.0 + GONE_AFTER_PERIODS * period) == 0
+    fence.refreshed(140.0 + 4 * period)  # refreshes without a failure start no new wait
+    assert fence.outage_wait(now=140.0 + 4 * period) == 0

@@ -66,12 +66,37 @@ class PresenceFence:
     valid_until: float = INF
     #: Set at each refresh that gets through (claims wait for it while the fence is lapsed).
     renewed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Whether the last refresh failed: the database could not be reached from here.
+    unreachable: bool = False
+    #: When (monotonic) the first refresh after a failed one was sent: the database was back.
+    back_at: float = -INF
 
     def refreshed(self, sent: float) -> None:
         """A refresh sent at `sent` (monotonic) got through (refreshes are sent one after
         another: each is later than the last)."""
         self.valid_until = sent + presence_window(self.period_sec)
+        if self.unreachable:
+            self.unreachable = False
+            self.back_at = sent
         self.renewed.set()
+
+    def failed(self) -> None:
+        """A refresh could not reach the database."""
+        self.unreachable = True
+
+    def outage_wait(self, now: float | None = None) -> float:
+        """How long the reaper waits before judging other processes, after an outage this
+        process saw (0: not at all). The database away from here (a failover, a restart) was
+        most likely away from every process: their leases ran out and their presence went
+        stale through no fault of theirs, and a live one needs up to `GONE_AFTER_PERIODS` of
+        its periods, once the database is back, to refresh its presence and write the
+        hand-backs of the jobs it stopped (refunded: its side cut them short). Judged before
+        that, those jobs would be taken back as if their process had died, an attempt spent
+        each, and a durable process's task a zombie."""
+        if self.unreachable:
+            return self.period_sec  # asking now would fail anyway: look again in a period
+        now = time.monotonic() if now is None else now
+        return max(0.0, self.back_at + GONE_AFTER_PERIODS * self.period_sec - now)
 
     def vouched(self, sent: float) -> None:
         """A refresh sent at `sent` by the watchdog thread got through: the deadline moves

@@ -100,7 +100,12 @@ class WorkerManager:
         )
         #: Keeps the process alive from a thread of its own while a handler holds this loop.
         self.watchdog = Watchdog(self.runtime, app.dsn)
-        self.reaper = Reaper(self.runtime.protocol, self.runtime.worker_id, self.runtime.ended)
+        self.reaper = Reaper(
+            self.runtime.protocol,
+            self.runtime.worker_id,
+            self.runtime.ended,
+            presence=self.runtime.presence,
+        )
         #: Restarts whichever of this process's loops raises, and records it for /status.
         self.supervisor = Supervisor(MaintenanceStore(self.runtime.protocol.db), self.worker_id)
         self._schedules = configured_schedules(settings.cron, registry)

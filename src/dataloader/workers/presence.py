@@ -106,6 +106,8 @@ class Presence:
                 await asyncio.wait_for(self._refresh(), timeout=self._period)
                 await self.flush_throughput()
             except Exception as exc:  # keep refreshing: the next one may get through
+                if isinstance(exc, CONNECTION_ERRORS):
+                    self._fence.failed()
                 log.warning(
                     "presence refresh failed: %r",
                     exc,

@@ -11,6 +11,11 @@ expired or an owner still gone: a heartbeat or a presence refresh that got throu
 keeps its job, and of two replicas' reapers only one writes a job's fate. A job whose flags
 changed in between (a cancel requested) is decided again on its facts now.
 
+Right after the database was away from this process (a failover, a restart), the reaper waits
+until the other processes have had the time to come back (three presence periods): every lease
+and every presence ran out in that outage, the live processes' as much as the dead ones', and
+the live ones hand their stopped jobs back themselves, refunded.
+
 The next pass comes every DL_REAPER_PERIOD_SEC (at least every three presence periods), or
 sooner, when a running job's lease runs out or its owner turns gone unless it refreshes its
 presence first: a dead process's jobs are taken back as soon as the database may consider it
@@ -26,7 +31,7 @@ from dataloader import metrics
 from dataloader.core.transitions import on_expired
 from dataloader.storage.protocol import WorkerProtocol
 from dataloader.storage.transitions import settle
-from dataloader.workers.fencing import GONE_AFTER_PERIODS
+from dataloader.workers.fencing import GONE_AFTER_PERIODS, PresenceFence
 from dataloader.workers.waiting import jittered
 
 log = logging.getLogger(__name__)
@@ -48,9 +53,13 @@ class Reaper:
         protocol: WorkerProtocol,
         reaper_id: str,
         ended: Counter[tuple[str, str]] | None = None,
+        presence: PresenceFence | None = None,
     ) -> None:
         self._protocol = protocol
         self._id = reaper_id
+        #: This process's presence: whether it just saw the database away (`outage_wait`).
+        self._presence = presence
+        self._waiting = False  # whether the last pass waited after an outage
         #: Where the attempts it ended are counted (the queues' throughput).
         self._ended = ended if ended is not None else Counter()
         #: Seconds from the last pass to the moment a job next becomes reapable (None: none).
@@ -58,10 +67,19 @@ class Reaper:
 
     async def sweep(self, stopping: asyncio.Event | None = None) -> dict[str, int]:
         """One pass (run by the process that leads maintenance, every DL_REAPER_PERIOD_SEC):
-        expired leases, then stranded parked jobs; {new status or `put_back`: jobs}."""
-        swept = await self.run_once()
+        expired leases, then stranded parked jobs; {new status or `put_back`: jobs}. Right
+        after an outage this process saw, expired leases wait (`PresenceFence.outage_wait`):
+        the next pass comes when the other processes have had the time to come back."""
+        wait = self._presence.outage_wait() if self._presence is not None else 0.0
+        if wait > 0:
+            if not self._waiting:  # once per outage: passes come every period meanwhile
+                log.info("the database was away: expired leases wait for the processes' return")
+            swept: dict[str, int] = {"waiting_after_outage": 1}
+        else:
+            swept = await self.run_once()
         swept["put_back"] = await self.put_back_stranded()
-        self.due_in = await self._protocol.next_reapable_in()
+        self.due_in = wait if wait > 0 else await self._protocol.next_reapable_in()
+        self._waiting = wait > 0
         return swept
 
     def next_in_sec(self, period_sec: float, presence_period_sec: float) -> float:
