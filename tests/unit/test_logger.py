@@ -471,3 +471,25 @@ def test_a_lone_surrogate_is_escaped_so_the_line_can_be_written() -> None:
     line = JsonFormatter().format(record)
     line.encode("utf-8")  # would raise UnicodeEncodeError on the raw surrogate
     assert "\\ud83d" in line
+
+
+def test_the_driver_s_background_reconnects_are_one_line_each(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While the database is away, asyncpg's pool tries to reconnect in the background and
+    warns with a traceback at every try: after configure_logging it is one line, naming the
+    error, whatever its driver's text."""
+    configure_logging("INFO")
+    configure_logging("INFO")  # idempotent: one filter, not two
+    pool_logger = logging.getLogger("asyncpg.pool")
+    try:
+        raise ConnectionRefusedError(111, "Connect call failed\n('127.0.0.1', 5432)")
+    except ConnectionRefusedError:
+        pool_logger.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+    (line,) = [json.loads(text) for text in capsys.readouterr().err.splitlines()]
+    assert line["message"] == (
+        "Failed to restore the pool connection floor; retrying: ConnectionRefusedError:"
+        " [Errno 111] Connect call failed ('127.0.0.1', 5432)"
+    )
+    assert "Traceback" not in json.dumps(line)
+    assert len(pool_logger.filters) == 1

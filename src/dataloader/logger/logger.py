@@ -149,6 +149,25 @@ class StderrHandler(logging.StreamHandler[TextIO]):
         pass
 
 
+class OneLineReconnects(logging.Filter):
+    """asyncpg's pool reconnecting in the background while the database is away (a restart, a
+    failover) logs a warning with a traceback at every try: one line is what an operator
+    needs, the error's type and message, as our own connection warnings say it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            message = " ".join(str(error).split())
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {message}"
+            record.args = None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+#: The driver's logger whose background reconnects `OneLineReconnects` shortens.
+ASYNCPG_POOL_LOGGER = "asyncpg.pool"
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Install one JSON stderr handler on the root logger and set its level.
 
@@ -163,6 +182,9 @@ def configure_logging(level: str = "INFO") -> None:
         root.addHandler(handler)
     handler.setFormatter(JsonFormatter())
     root.setLevel(level.upper())
+    pool_logger = logging.getLogger(ASYNCPG_POOL_LOGGER)
+    if not any(isinstance(f, OneLineReconnects) for f in pool_logger.filters):
+        pool_logger.addFilter(OneLineReconnects())
     for name in UVICORN_LOGGERS:
         uv_logger = logging.getLogger(name)
         for uv_handler in list(uv_logger.handlers):
