@@ -118,7 +118,13 @@ class Watchdog:
         asyncio.run(self._watch())
 
     async def _watch(self) -> None:
-        pool = db.new_pool(self._dsn, 1, "dataloader-watchdog", self._rt.settings.db_timeout_sec)
+        pool = db.new_pool(
+            self._dsn,
+            1,
+            "dataloader-watchdog",
+            self._rt.settings.db_timeout_sec,
+            statement_cache=self._rt.app.routes.statement_cache,
+        )
         await pool
         timeout = self._rt.settings.db_timeout_sec
         stores = _Stores(
