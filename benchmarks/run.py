@@ -122,9 +122,9 @@ class Bench:
     def settings(self, concurrency: int = 1, **overrides: Any) -> Settings:
         return Settings(  # type: ignore[call-arg]
             _env_file=None,
-            db_dsn=self.dsn,
             **(
                 {
+                    "db_dsn": self.dsn,
                     "workers": [WorkerSpec(queue=QUEUE, concurrency=concurrency)],
                     "auto_migrate": False,
                 }
