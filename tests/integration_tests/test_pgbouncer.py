@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -27,7 +28,14 @@ from dataloader.workers.job_context import JobContext
 from ..engines.pgbouncer import PgBouncer, pgbouncer
 from .conftest import TEST_DEFAULTS
 from .helpers import ADVISORY_LOCKS, wait_until
-from .procs import PYTHON_M_DATALOADER, free_port, one_line, run_cli
+from .procs import (
+    DATALOADER_SCRIPT,
+    PYTHON_M_DATALOADER,
+    clean_env,
+    free_port,
+    one_line,
+    run_cli,
+)
 
 TASK = "pgb.keyed"
 
@@ -229,3 +237,38 @@ async def test_a_session_reached_through_a_pooler_is_never_ours_to_end(
             assert await own_session(conn) is None
         finally:
             await conn.close()
+
+
+async def test_the_operators_commands_through_a_transaction_pooler(
+    db_dsn: str, transaction_pooler: PgBouncer, tmp_path: Path
+) -> None:
+    """`dataloader enqueue --wait` waits on a direct connection (the end heard by LISTEN) and
+    reads and writes through the pooler; without DL_DB_DIRECT_DSN it is refused in one line."""
+    pooled = transaction_pooler.through(db_dsn)
+    command = [str(DATALOADER_SCRIPT), "enqueue", "demo.noop", "--queue", "default", "--wait"]
+    refused = await asyncio.to_thread(run_cli, command, {"DL_DB_DSN": pooled}, tmp_path)
+    assert refused.returncode == 2, refused.stdout
+    assert "DL_DB_DIRECT_DSN" in one_line(refused.stdout)
+    worker = {
+        "DL_DB_DSN": pooled,
+        "DL_DB_DIRECT_DSN": db_dsn,
+        "DL_HTTP_PORT": str(free_port()),
+        "DL_POLL_INTERVAL_SEC": "300",  # the job starts on its notification
+    }
+    service = await asyncio.to_thread(
+        subprocess.Popen,
+        [*PYTHON_M_DATALOADER],
+        env=clean_env(worker),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        done = await asyncio.to_thread(
+            run_cli, command, {"DL_DB_DSN": pooled, "DL_DB_DIRECT_DSN": db_dsn}, tmp_path
+        )
+        assert done.returncode == 0, done.stdout
+        assert "succeeded" in done.stdout
+    finally:
+        service.kill()
+        await asyncio.to_thread(service.wait, 10)
