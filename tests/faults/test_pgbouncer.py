@@ -14,7 +14,7 @@ import pytest
 
 from ..engines.pgbouncer import PgBouncer, pgbouncer
 from ..integration_tests.helpers import wait_until
-from ..integration_tests.procs import Launcher
+from ..integration_tests.procs import Launcher, ServiceProcess
 from .conftest import Scenario, rounds
 from .test_processes import runs_open_on
 
@@ -33,9 +33,14 @@ async def test_kill_9_under_load_behind_a_transaction_pooler(
     )
     # the ledger's own pool keeps asyncpg's prepared statements: straight to the server
     direct = {"DL_DB_DIRECT_DSN": db_dsn, "FAULT_LEDGER_DSN": db_dsn}
-    replicas = await scenario.start(2, concurrency=4, **direct)
-    for replica in replicas:
-        assert "DL_DB_DSN is transaction-pooled" in replica.logs()
+
+    async def start(count: int) -> list[ServiceProcess]:
+        started = await scenario.start(count, concurrency=4, **direct)
+        for replica in started:  # each found the pooler's mode on its own, under load
+            assert "DL_DB_DSN goes through a transaction-pooling pooler" in replica.logs()
+        return started
+
+    replicas = await start(2)
     shuffle = random.Random(20261128)
     total = rounds(3)
     for round_no in range(total):
@@ -46,6 +51,6 @@ async def test_kill_9_under_load_behind_a_transaction_pooler(
         )
         await asyncio.sleep(shuffle.uniform(0, 0.05))  # the fault's timing, not a wait
         await scenario.kill(victim)
-        replicas[round_no % len(replicas)] = (await scenario.start(1, concurrency=4, **direct))[0]
+        replicas[round_no % len(replicas)] = (await start(1))[0]
     report = await scenario.check(total, await scenario.settle())
     assert report.runs > report.jobs  # the kills did interrupt runs that were redone

@@ -25,7 +25,7 @@ from dataloader.storage.pooling import Pooling, probe
 from dataloader.tasks import TaskRegistry
 from dataloader.workers.job_context import JobContext
 
-from ..engines.pgbouncer import PgBouncer, pgbouncer
+from ..engines.pgbouncer import PgBouncer, PoolMode, pgbouncer
 from .conftest import TEST_DEFAULTS
 from .helpers import ADVISORY_LOCKS, wait_until
 from .procs import (
@@ -125,6 +125,32 @@ async def test_the_probe_tells_direct_session_and_transaction_pooling(
     assert await probe(db_dsn) is Pooling.none
     assert await probe(session_pooler.through(db_dsn)) is Pooling.session
     assert await probe(transaction_pooler.through(db_dsn)) is Pooling.transaction
+
+
+@pytest.mark.parametrize("mode", ["session", "transaction"])
+async def test_the_probe_tells_the_pool_mode_of_a_busy_pooler(db_dsn: str, mode: PoolMode) -> None:
+    """Other clients running statement after statement through the pooler meanwhile (other
+    replicas under load) take the probe's server connection as soon as it is free: under
+    transaction pooling that too is seen, never taken for session pooling."""
+    async with pgbouncer(db_dsn, mode) as pooler:
+        pooled = pooler.through(db_dsn)
+        stop = asyncio.Event()
+
+        async def busy() -> None:
+            conn = await asyncpg.connect(pooled, statement_cache_size=0)
+            try:
+                while not stop.is_set():
+                    await conn.fetchval("SELECT 1")
+            finally:
+                await conn.close()
+
+        others = [asyncio.create_task(busy()) for _ in range(8)]
+        try:
+            found = [await probe(pooled) for _ in range(10)]
+        finally:
+            stop.set()
+            await asyncio.gather(*others)
+    assert found == [Pooling(mode)] * 10
 
 
 async def test_session_pooling_works_as_a_direct_connection(

@@ -131,9 +131,14 @@ async def _prepare_database(settings: Settings) -> Settings:
     )
     if routes.pooling is not Pooling.none or routes.split:
         shown_direct = mask_dsn(routes.session_dsn)
+        how = (
+            "reaches the server straight"
+            if routes.pooling is Pooling.none
+            else f"goes through a {routes.pooling}-pooling pooler"
+        )
         log.info(
-            "DL_DB_DSN is %s-pooled; locks, LISTEN and migrations go to %s",
-            routes.pooling,
+            "DL_DB_DSN %s; the locks of lock_keys, LISTEN and migrations connect to %s",
+            how,
             shown_direct,
             extra={"pooling": str(routes.pooling), "direct_dsn": shown_direct},
         )

@@ -111,8 +111,8 @@ class GuardedPool:
     def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
         self._pool = pool
         self._timeout = timeout
-        #: Server pid → start of the pool's sessions, learnt on each one's first use (None:
-        #: a pooler's connection, whose server session is never ours to end).
+        #: The pid each connection announced → the start of its server session, learnt on its
+        #: first use (None: a pooler's connection, whose server session is never ours to end).
         self._sessions: dict[int, datetime | None] = {}
         self._abandoned = AbandonedSessions("pool")
 

@@ -15,13 +15,15 @@ The probe needs no setting and leaves nothing behind (it only reads `pg_backend_
 * a pooler answers a client's connection with a cancel key of its own, so the pid the
   connection announced differs from the server's `pg_backend_pid()` (a plain TCP proxy
   passes the server's through): pooled or not;
-* a client A reads its server's pid; a second client B, inside a transaction, reads its own,
-  then A reads again while B's transaction is open. Under a session pooler A keeps its server
-  connection for as long as it is connected, so B never gets A's and A's never changes; under
-  a transaction pooler A's server connection went back to the pool after its statement: B gets
-  it (PgBouncer lends the most recently used one first) or A gets another one. Either sighting
-  proves transaction pooling; neither in a few rounds (a busy pool lending A's connection to a
-  third client each time) reads as session pooling.
+* two clients A and B stay connected; in each round A reads its server's pid, then B, inside
+  a transaction, reads its own and what A's server connection is doing. Under a session
+  pooler A keeps its server connection for as long as it is connected: B never gets it,
+  nobody else runs anything on it (it sits idle, A's statement its last), and A's pid never
+  changes. Under a transaction pooler A's server connection went back to the pool after A's
+  statement: B gets it (PgBouncer lends the most recently freed one first), or another client
+  ran something on it meanwhile (a busy pool), or A lands on another one in the next round
+  (B's, freed at its commit). Any of these sightings proves transaction pooling; none in a few
+  rounds reads as session pooling.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ from typing import Final
 
 import asyncpg
 
-from dataloader.storage import queries
-
 #: Rounds of the probe before a pooler that never showed transaction pooling counts as a
 #: session pooler.
-PROBE_ROUNDS: Final = 3
+PROBE_ROUNDS: Final = 5
+
+#: The probe's own statement: what A's server connection shows as its last one while nobody
+#: else used it.
+PROBE_PID: Final = "SELECT pg_backend_pid() AS pid"
+#: What a server connection is doing (state NULL: not ours to see).
+SERVER_ACTIVITY: Final = "SELECT state, query FROM pg_stat_activity WHERE pid = $1"
 
 
 class Pooling(enum.StrEnum):
@@ -48,10 +54,19 @@ class Pooling(enum.StrEnum):
 
 
 async def _pid(conn: asyncpg.Connection[asyncpg.Record]) -> int:
-    row = await conn.fetchrow(queries.SESSION_IDENTITY)
-    assert row is not None  # our own session is always in pg_stat_activity
-    pid: int = row["pid"]
+    pid: int = await conn.fetchval(PROBE_PID)
     return pid
+
+
+async def _used_by_another(conn: asyncpg.Connection[asyncpg.Record], pid: int) -> bool:
+    """Whether the server connection `pid`, idle behind a client of ours since its probe
+    statement, is gone, busy or ran another statement since: lent to someone else."""
+    row = await conn.fetchrow(SERVER_ACTIVITY, pid)
+    if row is None:  # closed by the pooler while its client stayed connected
+        return True
+    if row["state"] is None:  # another role's: nothing to tell
+        return False
+    return bool(row["state"] != "idle" or row["query"] != PROBE_PID)
 
 
 async def _connect(dsn: str, timeout: float) -> asyncpg.Connection[asyncpg.Record]:
@@ -71,26 +86,32 @@ async def probe(dsn: str, timeout: float = 5.0) -> Pooling:
     async with asyncio.timeout(timeout):
         first = await _connect(dsn, timeout)
         try:
-            pid = await _pid(first)
-            pooled = first.get_server_pid() != pid
-            for _ in range(PROBE_ROUNDS):
-                if await _lent_away(dsn, first, pid, timeout):
-                    return Pooling.transaction
+            second = await _connect(dsn, timeout)
+            try:
+                return await _rounds(first, second)
+            finally:
+                await second.close(timeout=timeout)
         finally:
             await first.close(timeout=timeout)
-    return Pooling.session if pooled else Pooling.none
 
 
-async def _lent_away(
-    dsn: str, first: asyncpg.Connection[asyncpg.Record], pid: int, timeout: float
-) -> bool:
-    """One round: whether `first`'s server connection (`pid`) was seen lent to another client
-    while `first` stayed connected, or `first` on another server connection."""
-    second = await _connect(dsn, timeout)
-    try:
+async def _rounds(
+    first: asyncpg.Connection[asyncpg.Record], second: asyncpg.Connection[asyncpg.Record]
+) -> Pooling:
+    """Up to PROBE_ROUNDS rounds of: `first` reads its server's pid, then `second`, in a
+    transaction, reads its own and what `first`'s server connection does. Both stay connected
+    throughout: under transaction pooling the server connection `second` frees at its commit is
+    the one the pooler lends next, so `first` lands on it in the next round even when other
+    clients' statements keep `second` off `first`'s."""
+    pooled = False
+    last: int | None = None
+    for _ in range(PROBE_ROUNDS):
+        pid = await _pid(first)
+        pooled = pooled or first.get_server_pid() != pid
+        if last is not None and pid != last:  # `first` moved while connected
+            return Pooling.transaction
+        last = pid
         async with second.transaction():
-            if await _pid(second) == pid:
-                return True
-            return await _pid(first) != pid
-    finally:
-        await second.close(timeout=timeout)
+            if await _pid(second) == pid or await _used_by_another(second, pid):
+                return Pooling.transaction
+    return Pooling.session if pooled else Pooling.none
