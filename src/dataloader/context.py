@@ -50,7 +50,7 @@ QUEUE_DSN_VARIABLE = "DL_DB_DSN"
 TARGET_DSN_VARIABLE = "DL_TARGET_DSN"
 DIRECT_DSN_VARIABLE = "DL_DB_DIRECT_DSN"
 
-#: Longest wait for the probe of a DSN's pooling (two connections, five short statements).
+#: Longest wait for the probe of a DSN's pooling (two connections, a few short statements).
 PROBE_TIMEOUT_SEC = 10.0
 
 
