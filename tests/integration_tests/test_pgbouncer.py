@@ -127,6 +127,18 @@ async def test_the_probe_tells_direct_session_and_transaction_pooling(
     assert await probe(transaction_pooler.through(db_dsn)) is Pooling.transaction
 
 
+async def test_the_probe_needs_no_activity_tracking(
+    db_dsn: str, conn: asyncpg.Connection, session_pooler: PgBouncer
+) -> None:
+    """With `track_activities` off, what another session does is not shown: the probe then
+    goes by process ids alone, and still never takes a direct or session-pooled connection
+    for a transaction pooler's."""
+    database = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f'ALTER DATABASE "{database}" SET track_activities = off')
+    assert await probe(db_dsn) is Pooling.none
+    assert await probe(session_pooler.through(db_dsn)) is Pooling.session
+
+
 @pytest.mark.parametrize("mode", ["session", "transaction"])
 async def test_the_probe_tells_the_pool_mode_of_a_busy_pooler(db_dsn: str, mode: PoolMode) -> None:
     """Other clients running statement after statement through the pooler meanwhile (other

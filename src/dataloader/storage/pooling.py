@@ -41,7 +41,7 @@ PROBE_ROUNDS: Final = 5
 #: The probe's own statement: what A's server connection shows as its last one while nobody
 #: else used it.
 PROBE_PID: Final = "SELECT pg_backend_pid() AS pid"
-#: What a server connection is doing (state NULL: not ours to see).
+#: What a server connection is doing (state NULL: not ours to see; `disabled`: not tracked).
 SERVER_ACTIVITY: Final = "SELECT state, query FROM pg_stat_activity WHERE pid = $1"
 
 
@@ -64,7 +64,7 @@ async def _used_by_another(conn: asyncpg.Connection[asyncpg.Record], pid: int) -
     row = await conn.fetchrow(SERVER_ACTIVITY, pid)
     if row is None:  # closed by the pooler while its client stayed connected
         return True
-    if row["state"] is None:  # another role's: nothing to tell
+    if row["state"] in (None, "disabled"):  # another role's, or track_activities off
         return False
     return bool(row["state"] != "idle" or row["query"] != PROBE_PID)
 
