@@ -27,7 +27,7 @@ from dataloader.workers.job_context import JobContext
 
 from ..engines.pgbouncer import PgBouncer, PoolMode, pgbouncer
 from .conftest import TEST_DEFAULTS
-from .helpers import ADVISORY_LOCKS, wait_until
+from .helpers import ADVISORY_LOCKS
 from .procs import (
     DATALOADER_SCRIPT,
     PYTHON_M_DATALOADER,
@@ -107,13 +107,15 @@ async def run_keyed_jobs(
         assert {state.status for state in states} == {"succeeded"}
         assert all(state.attempt == 1 for state in states)
 
-        async def leader() -> bool:
-            return any(
-                r.manager is not None and r.manager.maintenance.leadership.leading.is_set()
-                for r in replicas
-            )
-
-        await wait_until(leader, what="a replica to lead maintenance")
+        leading = [
+            asyncio.ensure_future(r.manager.maintenance.leadership.leading.wait())
+            for r in replicas
+            if r.manager is not None
+        ]
+        led, waiting = await asyncio.wait(leading, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waiting:
+            wait.cancel()
+        assert led, "no replica leads maintenance"
     assert sum(len(spans) for spans in runs.values()) == 24  # each job ran once
     assert overlaps(runs) == []
     assert await conn.fetchval(ADVISORY_LOCKS) == 0
@@ -186,7 +188,7 @@ async def test_transaction_pooling_with_a_direct_dsn_for_the_session_bound_needs
         )
         manager = runner.manager
         assert manager is not None
-        await wait_until(lambda: _true(manager.listener.connected.is_set()), what="the listener")
+        await asyncio.wait_for(manager.listener.connected.wait(), 15)
         # the lock holder and the listener are server sessions of their own: the pids their
         # connections announced are real backends' (a pooler's are made up)
         direct = await conn.fetch(
@@ -198,10 +200,6 @@ async def test_transaction_pooling_with_a_direct_dsn_for_the_session_bound_needs
             "dataloader-locks",
         ]
     await run_keyed_jobs(settings, registry, conn)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def start_fails(env: dict[str, str | None], cwd: Path) -> str:
