@@ -3,6 +3,7 @@
     python benchmarks/run.py                       # embedded PostgreSQL (no server needed)
     python benchmarks/run.py --dsn postgresql://postgres@127.0.0.1:55432/postgres
     python benchmarks/run.py --only drain_c10,latency --quick
+    python benchmarks/run.py --only drain_pooled --pooler postgresql://postgres@127.0.0.1:6432/postgres
 
 Every phase starts from a freshly created database `dl_bench` (migrated), runs the library or
 the service exactly as users do (full protocol: lease, advisory lock per lock_key, journal,
@@ -93,10 +94,12 @@ def lock_free_job(i: int) -> NewJob:
 class Bench:
     """Database handling shared by the phases."""
 
-    def __init__(self, admin_dsn: str, quick: bool) -> None:
+    def __init__(self, admin_dsn: str, quick: bool, pooler: str | None = None) -> None:
         self.admin_dsn = admin_dsn
         self.dsn = with_database(admin_dsn, DBNAME)
         self.quick = quick
+        #: The benchmark's database through a transaction-pooling PgBouncer (--pooler).
+        self.pooled_dsn = None if pooler is None else with_database(pooler, DBNAME)
 
     def n(self, full: int) -> int:
         return max(1, full // 10) if self.quick else full
@@ -119,9 +122,9 @@ class Bench:
     def settings(self, concurrency: int = 1, **overrides: Any) -> Settings:
         return Settings(  # type: ignore[call-arg]
             _env_file=None,
-            db_dsn=self.dsn,
             **(
                 {
+                    "db_dsn": self.dsn,
                     "workers": [WorkerSpec(queue=QUEUE, concurrency=concurrency)],
                     "auto_migrate": False,
                 }
@@ -142,11 +145,11 @@ class Bench:
             for start in range(0, n, 1000):
                 await dl.client.enqueue_many([make(i) for i in range(start, min(n, start + 1000))])
 
-    async def drain(self, n: int, concurrency: int) -> float:
+    async def drain(self, n: int, concurrency: int, **overrides: Any) -> float:
         """Seconds to run `n` queued no-op jobs to `succeeded` (worker start and stop included)."""
         registry = noop_registry()
         started = time.perf_counter()
-        async with Runner(self.settings(concurrency), registry) as dl:
+        async with Runner(self.settings(concurrency, **overrides), registry) as dl:
             await dl.run_until_empty()
         elapsed = time.perf_counter() - started
         done = await self.sql("SELECT count(*) FROM dl_jobs WHERE status = 'succeeded'")
@@ -223,6 +226,37 @@ def _drain_phase(concurrency: int) -> Phase:
 
 for _c in (1, 10, 50):
     phase(f"drain_c{_c}")(_drain_phase(_c))
+
+
+@phase("drain_pooled")
+async def drain_pooled(b: Bench) -> dict[str, Any]:
+    """No-op jobs (a lock_key each) drained by one process of 10 slots, straight to the server
+    and through a transaction-pooling PgBouncer (--pooler: DL_DB_DSN through it,
+    DL_DB_DIRECT_DSN straight for the locks and LISTEN), alternating, three rounds of each on
+    fresh databases: the medians, and their ratio."""
+    if b.pooled_dsn is None:
+        raise SystemExit("drain_pooled needs --pooler, a transaction-pooling PgBouncer's DSN")
+    n = b.n(20000)
+    routes: dict[str, dict[str, Any]] = {
+        "direct": {},
+        "pgbouncer": {"db_dsn": b.pooled_dsn, "db_direct_dsn": b.dsn},
+    }
+    rates: dict[str, list[float]] = {route: [] for route in routes}
+    for i in range(1 if b.quick else 3):
+        for route, overrides in routes.items():
+            if i or route != "direct":  # the phase starts on a fresh database
+                await b.fresh_database()
+            await b.bulk_insert(n)
+            rates[route].append(n / await b.drain(n, 10, **overrides))
+    direct, pooled = (statistics.median(rates[route]) for route in routes)
+    return {
+        "jobs": n,
+        "concurrency": 10,
+        "direct_jobs_per_s": direct,
+        "pgbouncer_jobs_per_s": pooled,
+        "pgbouncer_ratio": pooled / direct,
+        "rounds": [dict(zip(routes, r, strict=True)) for r in zip(*rates.values(), strict=True)],
+    }
 
 
 @phase("drain_2proc")
@@ -1467,12 +1501,17 @@ async def main() -> None:
     parser.add_argument("--only", help="comma-separated phases: " + ", ".join(PHASES))
     parser.add_argument("--quick", action="store_true", help="a tenth of the jobs (smoke test)")
     parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/…)")
+    parser.add_argument(
+        "--pooler",
+        help="DSN of a transaction-pooling PgBouncer in front of the same server (any"
+        " database: drain_pooled reaches dl_bench through it)",
+    )
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(PHASES)
     unknown = set(names) - PHASES.keys()
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
-    bench = Bench(admin_dsn(args), args.quick)
+    bench = Bench(admin_dsn(args), args.quick, args.pooler)
     results: dict[str, Any] = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),

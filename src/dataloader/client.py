@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
@@ -46,7 +46,7 @@ from dataloader.core.models import (
 )
 from dataloader.core.queues import QueueEvent, QueueLimits, QueueSettings, ThroughputPoint
 from dataloader.core.routing import KnownTasks, check_route
-from dataloader.exceptions import DatabaseUnavailable, InvalidJob, JobNotFound
+from dataloader.exceptions import ConfigError, DatabaseUnavailable, InvalidJob, JobNotFound
 from dataloader.health import MaintenanceState, SystemStatus, maintenance_state, system_status
 from dataloader.logger.utils import mask_dsn
 from dataloader.processes import Processes
@@ -62,6 +62,7 @@ from dataloader.storage.connections import (
 )
 from dataloader.storage.maintenance import MaintenanceStore
 from dataloader.storage.migrate import check_schema
+from dataloader.storage.pooling import Pooling, probe
 from dataloader.storage.presence import LiveWorker, PresenceStore, PublishedTask
 from dataloader.storage.replica import OnPrimary, Reads, Replica
 from dataloader.storage.repositories import (
@@ -127,6 +128,9 @@ class Client:
     for a connection that went silent. While anyone `wait`s, one connection of the source
     LISTENs for ended jobs (the pool needs room for one more); it is given back 10 s after the
     last wait ends (LISTEN_LINGER_SEC: a client that waits again soon keeps it), or at `close`.
+    Through a transaction pooler (PgBouncer `pool_mode=transaction`), where a LISTEN is lost
+    with its transaction, give `listen_pool`: a pool reaching the same database straight,
+    which that connection then comes from (`Client.connect(dsn, direct_dsn=…)` opens one).
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class Client:
         settings: Settings | None = None,
         registry: TaskRegistry | None = None,
         actor: str = "client",
+        listen_pool: Pool | None = None,
     ) -> None:
         settings = settings if settings is not None else load_settings()
         # one place where a connection refused or lost becomes DatabaseUnavailable
@@ -165,8 +170,16 @@ class Client:
         #: Each known task's options, computed once per task definition (see `_options_of`).
         self._task_options: dict[str, tuple[Task, JobOptions]] = {}
         self._unknown_task_options = JobOptions.of(None, self._defaults)
-        self._finished = _FinishedJobs(self._connections, settings.db_timeout_sec)
+        listening = (
+            self._connections
+            if listen_pool is None
+            else OutageReporting(_connections(listen_pool, None, settings.db_timeout_sec))
+        )
+        self._finished = _FinishedJobs(listening, settings.db_timeout_sec)
         self._owned_pool: Pool | None = None
+        self._owned_listen_pool: Pool | None = None
+        #: How the pool `connect` opened reaches the server (`none` for a given source).
+        self.pooling = Pooling.none
         #: The client this one acts for (`acting_as`), which owns what they share.
         self._origin: Client | None = None
         self._actors: dict[str, Client] = {}
@@ -191,7 +204,8 @@ class Client:
                 origin._actors.clear()
             view = copy.copy(origin)
             view._repo = JobRepository(origin._connections, actor, metrics.count_ended)
-            view._origin, view._owned_pool, view._actors = origin, None, {}
+            view._origin, view._owned_pool, view._owned_listen_pool = origin, None, None
+            view._actors = {}
             view.processes = Processes(view)
             origin._actors[actor] = view
         return view if self._reads is origin._reads else view.exact()  # an exact() stays so
@@ -205,21 +219,37 @@ class Client:
         settings: Settings | None = None,
         registry: TaskRegistry | None = None,
         pool_size: int = 4,
+        direct_dsn: str | None = None,
     ) -> AsyncIterator[Client]:
         """A client on a pool of its own to `dsn` (`postgresql://…`, or SQLAlchemy's
         `postgresql+asyncpg://…`), closed on exit. The schema must be there (`dataloader
         migrate`, or any dataloader service started against the database). A DSN that cannot
         be used raises one line naming it (the password masked): ValueError when it is
         malformed, DatabaseUnavailable when the server or the database cannot be reached or
-        refuses us, DataloaderError when the schema is missing."""
+        refuses us, DataloaderError when the schema is missing.
+
+        Through a transaction pooler (found by a probe at connect), the pool keeps no
+        prepared statements, and waits LISTEN on a connection of `direct_dsn` (default:
+        `settings.db_direct_dsn`, DL_DB_DIRECT_DSN), which must then reach the same database
+        straight: ConfigError without one."""
         settings = settings if settings is not None else load_settings()
-        pool = await _open_pool(dsn, max(2, pool_size), settings.db_timeout_sec)
+        direct_dsn = direct_dsn if direct_dsn is not None else settings.db_direct_dsn
+        pooling = await _probe(dsn, direct_dsn, settings.db_timeout_sec)
+        cache = pooling is not Pooling.transaction
+        pool = await _open_pool(dsn, max(2, pool_size), settings.db_timeout_sec, cache)
+        listen_pool = None
         try:
-            client = cls(pool, settings=settings, registry=registry)
+            if not cache:
+                assert direct_dsn is not None  # `_probe` refused to go on without it
+                listen_pool = await _open_pool(direct_dsn, 2, settings.db_timeout_sec, True, 0)
+            client = cls(pool, settings=settings, registry=registry, listen_pool=listen_pool)
         except BaseException:
             await pool.close()
+            if listen_pool is not None:
+                await listen_pool.close()
             raise
-        client._owned_pool = pool
+        client._owned_pool, client._owned_listen_pool = pool, listen_pool
+        client.pooling = pooling
         async with client:
             yield client
 
@@ -234,8 +264,12 @@ class Client:
             finally:
                 await self._reads.close()
         finally:
-            if self._owned_pool is not None:
-                await self._owned_pool.close()
+            try:
+                if self._owned_listen_pool is not None:
+                    await self._owned_listen_pool.close()
+            finally:
+                if self._owned_pool is not None:
+                    await self._owned_pool.close()
 
     # producers -------------------------------------------------------------------------------
 
@@ -780,20 +814,54 @@ def _connections(pool: object, engine: object, timeout: float) -> Connections:
     return GuardedPool(pool, timeout)
 
 
-async def _open_pool(dsn: str, size: int, timeout: float) -> Pool:
-    """A pool of the client's own to `dsn`, on a database holding the current schema; one
-    line naming the DSN (password masked) when that cannot be."""
-    if not isinstance(dsn, str):
-        raise TypeError(f"dsn must be a string, not {type(dsn).__name__}")
+@contextlib.contextmanager
+def _explained(dsn: str) -> Iterator[None]:
+    """A DSN that cannot be used: one line naming it (password masked)."""
     where = mask_dsn(dsn)
     try:
-        pool = await db.create_pool(db.libpq_dsn(dsn), size, "dataloader-client", timeout)
+        yield
     except asyncpg.ClientConfigurationError as exc:  # before CONNECTION_ERRORS: an InterfaceError
         raise ValueError(f"not a usable PostgreSQL DSN ({where}): {_line(exc)}") from None
     except asyncpg.PostgresError as exc:  # no such database or role, wrong password …
         raise DatabaseUnavailable(f"cannot use {where}: {_line(exc)}") from None
     except db.CONNECTION_ERRORS as exc:
         raise DatabaseUnavailable(f"cannot connect to {where}: {_line(exc)}") from None
+
+
+async def _probe(dsn: object, direct_dsn: str | None, timeout: float) -> Pooling:
+    """How `dsn` reaches its server; ConfigError when it is transaction-pooled and there is
+    no `direct_dsn` for the waits' LISTEN."""
+    if not isinstance(dsn, str):
+        raise TypeError(f"dsn must be a string, not {type(dsn).__name__}")
+    with _explained(dsn):
+        pooling = await probe(db.libpq_dsn(dsn), timeout)
+    if pooling is Pooling.transaction and direct_dsn is None:
+        raise ConfigError(
+            f"{mask_dsn(dsn)} goes through a transaction pooler (PgBouncer"
+            " pool_mode=transaction): give direct_dsn (DL_DB_DIRECT_DSN), a DSN straight to"
+            " the server, for the LISTEN of waits"
+        )
+    return pooling
+
+
+async def _open_pool(
+    dsn: str, size: int, timeout: float, statement_cache: bool = True, min_size: int = 1
+) -> Pool:
+    """A pool of the client's own to `dsn`, on a database holding the current schema; one
+    line naming the DSN (password masked) when that cannot be."""
+    if not isinstance(dsn, str):
+        raise TypeError(f"dsn must be a string, not {type(dsn).__name__}")
+    where = mask_dsn(dsn)
+    with _explained(dsn):
+        pool = db.new_pool(
+            db.libpq_dsn(dsn),
+            size,
+            "dataloader-client",
+            timeout,
+            statement_cache=statement_cache,
+            min_size=min_size,
+        )
+        await pool
     try:
         async with pool.acquire(timeout=timeout) as conn:
             await check_schema(conn, where)

@@ -220,6 +220,12 @@ class Settings(BaseSettings):
         " for a failover setup, where target_session_attrs=read-write is the default; unset"
         " starts an embedded PostgreSQL under DL_DATA_DIR.",
     )
+    db_direct_dsn: str | None = Field(
+        default=None,
+        description="DSN straight to the server, for what needs a session of its own (the"
+        " locks of lock_keys, LISTEN, migrations) when DL_DB_DSN goes through a"
+        " transaction-pooling PgBouncer; the jobs' statements still go through DL_DB_DSN.",
+    )
     workers: Annotated[list[WorkerSpec], NoDecode] = Field(
         default_factory=lambda: [WorkerSpec(queue="default", concurrency=4)],
         validation_alias=AliasChoices("WORKERS_JSON", "workers"),
@@ -459,7 +465,7 @@ class Settings(BaseSettings):
         " the same for every replica; unset: one made once and kept in the database.",
     )
 
-    @field_validator("db_dsn", "target_dsn")
+    @field_validator("db_dsn", "target_dsn", "db_direct_dsn")
     @classmethod
     def _check_dsn(cls, value: str | None) -> str | None:
         if value is None or not value.strip():

@@ -24,6 +24,7 @@ from dataloader.storage.admin import AdminStore
 from dataloader.storage.connections import GuardedPool
 from dataloader.storage.embedded import start_embedded
 from dataloader.storage.migrate import MigrationReport, check_schema, migrate
+from dataloader.storage.pooling import Pooling, probe
 
 if TYPE_CHECKING:
     from dataloader.client import Client
@@ -43,9 +44,94 @@ async def resolve_dsn(settings: Settings) -> str:
     return await asyncio.to_thread(start_embedded, settings.data_dir)
 
 
-#: The variable naming the queue's database, and the one naming the tasks' database.
+#: The variable naming the queue's database, the one naming the tasks' database, and the one
+#: naming the queue's database straight (past a transaction pooler).
 QUEUE_DSN_VARIABLE = "DL_DB_DSN"
 TARGET_DSN_VARIABLE = "DL_TARGET_DSN"
+DIRECT_DSN_VARIABLE = "DL_DB_DIRECT_DSN"
+
+#: Longest wait for the probe of a DSN's pooling (two connections, a few short statements).
+PROBE_TIMEOUT_SEC = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """Where the queue's connections go. `dsn`: the pools of short statements (DL_DB_DSN, a
+    pooler's maybe); `session_dsn`: what needs a server session of its own for longer than a
+    transaction (the lock holder's session advisory locks, LISTEN, the migration lock):
+    DL_DB_DIRECT_DSN when set, else `dsn`; `pooling`: how `dsn` reaches the server."""
+
+    dsn: str
+    session_dsn: str
+    pooling: Pooling = Pooling.none
+
+    @property
+    def statement_cache(self) -> bool:
+        """Whether connections to `dsn` may keep named prepared statements."""
+        return self.pooling is not Pooling.transaction
+
+    @property
+    def split(self) -> bool:
+        """Whether session-bound needs go elsewhere than the pools."""
+        return self.session_dsn != self.dsn
+
+
+async def _probe(dsn: str, variable: str) -> Pooling:
+    """The pooling of `dsn`, a failure to reach it one line naming `variable`."""
+    with _explained(dsn, variable):
+        return await probe(dsn, PROBE_TIMEOUT_SEC)
+
+
+async def resolve_routes(settings: Settings, dsn: str) -> Routes:
+    """Where the queue's connections go, for the queue's DSN `dsn` (resolved: the embedded
+    server's when DL_DB_DSN is unset). ConfigError, one line naming both variables, when
+    `dsn` goes through a transaction pooler and DL_DB_DIRECT_DSN is unset (session advisory
+    locks, LISTEN and the migration lock would land on server connections lent to others),
+    or when DL_DB_DIRECT_DSN is transaction-pooled too or reaches another database."""
+    if settings.asyncpg_dsn is None:  # the embedded server: a socket of its own, no pooler
+        return Routes(dsn, dsn)
+    pooling = await _probe(dsn, QUEUE_DSN_VARIABLE)
+    direct = None if settings.db_direct_dsn is None else db.libpq_dsn(settings.db_direct_dsn)
+    if direct is None:
+        if pooling is Pooling.transaction:
+            raise ConfigError(
+                f"{QUEUE_DSN_VARIABLE} ({mask_dsn(dsn)}) goes through a transaction pooler"
+                f" (PgBouncer pool_mode=transaction): set {DIRECT_DSN_VARIABLE} to a DSN"
+                " straight to the server, for what needs a session of its own (the locks of"
+                " lock_keys, LISTEN, migrations)"
+            )
+        return Routes(dsn, dsn, pooling)
+    if await _probe(direct, DIRECT_DSN_VARIABLE) is Pooling.transaction:
+        raise ConfigError(
+            f"{DIRECT_DSN_VARIABLE} ({mask_dsn(direct)}) goes through a transaction pooler"
+            f" too: it must reach the server straight (or through a session pooler)"
+        )
+    await _check_same_database(dsn, direct)
+    return Routes(dsn, direct, pooling)
+
+
+async def _check_same_database(dsn: str, direct: str) -> None:
+    """DL_DB_DIRECT_DSN must reach DL_DB_DSN's database: locks, wake-ups and migrations
+    elsewhere would guard nothing."""
+    identities = []
+    for url, variable in ((dsn, QUEUE_DSN_VARIABLE), (direct, DIRECT_DSN_VARIABLE)):
+        with _explained(url, variable):
+            conn = await db.connect(url, "dataloader-check", statement_cache=False)
+            try:
+                identities.append(await conn.fetchrow(queries.DATABASE_IDENTITY))
+            finally:
+                await conn.close()
+    ours, direct_one = identities
+    assert ours is not None  # a SELECT without FROM returns its row
+    assert direct_one is not None
+    if tuple(ours) != tuple(direct_one):
+        where = "" if ours["database"] != direct_one["database"] else " on another server"
+        raise ConfigError(
+            f"{DIRECT_DSN_VARIABLE} ({mask_dsn(direct)}) reaches database"
+            f" {direct_one['database']!r}{where}, {QUEUE_DSN_VARIABLE} ({mask_dsn(dsn)})"
+            f" database {ours['database']!r}: both must reach the same database"
+        )
+
 
 #: How long closing a pool may wait for connections still in use before they are cut.
 POOL_CLOSE_SEC = 10.0
@@ -182,7 +268,9 @@ class AppContext:
       `DL_TARGET_DSN` (the database they load into), or the queue's database when unset (the
       engine connects lazily: unused, it costs no connection);
     * `resources`: what the startup hook built (None without one);
-    * `dsn`: the queue's DSN (with its password, if it has one: never log it as it is).
+    * `dsn`: the queue's DSN (with its password, if it has one: never log it as it is);
+    * `routes`: where the queue's connections go (`dsn` for the pools; DL_DB_DIRECT_DSN, when
+      set, for what needs a session of its own) and whether `dsn` is pooled.
     """
 
     settings: Settings
@@ -192,8 +280,11 @@ class AppContext:
     sessionmaker: async_sessionmaker[AsyncSession]
     client: Client
     admin: AdminStore
+    routes: Routes
     resources: Any = None
     _owns_pool: bool = True
+    #: The direct pool the client's waits LISTEN on, through a transaction pooler.
+    _listen_pool: db.Pool | None = None
     _cleanup: AsyncExitStack | None = None
     _closed: bool = False
 
@@ -211,24 +302,39 @@ class AppContext:
         owner closes it; it must reach the database of `settings.db_dsn`); the workers still
         open their own connections to `dsn`. Whatever fails, nothing opened here stays open."""
         dsn = await resolve_dsn(settings)
+        routes = await resolve_routes(settings, dsn)
         if settings.auto_migrate:
-            report = await run_migrations(dsn)
+            report = await run_migrations(routes.session_dsn)
             log.info("schema at version %d", report.current)
         else:
-            await check_database(dsn, migrated=True)
+            await check_database(routes.session_dsn, migrated=True)
         owns_pool = pool is None
         if pool is None:
             with _explained(dsn):
                 pool = await db.create_pool(
-                    dsn, settings.db_pool_size, "dataloader", settings.db_timeout_sec
+                    dsn,
+                    settings.db_pool_size,
+                    "dataloader",
+                    settings.db_timeout_sec,
+                    statement_cache=routes.statement_cache,
                 )
         else:
-            await _check_shared_pool(pool, dsn)
+            await _check_shared_pool(pool, routes.session_dsn)
+        # through a transaction pooler, the client's waits LISTEN on a session of their own:
+        # a pool of the direct DSN, opening its connection when a wait first needs it
+        listen_pool = None
+        if routes.pooling is Pooling.transaction:
+            listen_pool = db.new_pool(
+                routes.session_dsn, 2, "dataloader-listen", settings.db_timeout_sec, min_size=0
+            )
+            await listen_pool
         try:
-            context = cls._assemble(settings, registry, dsn, pool, owns_pool)
+            context = cls._assemble(settings, registry, routes, pool, owns_pool, listen_pool)
         except BaseException:
             if owns_pool:
                 await _close_pool(pool)
+            if listen_pool is not None:
+                await _close_pool(listen_pool)
             raise
         if startup is not None:
             try:
@@ -243,23 +349,29 @@ class AppContext:
         cls,
         settings: Settings,
         registry: TaskRegistry | None,
-        dsn: str,
+        routes: Routes,
         pool: db.Pool,
         owns_pool: bool,
+        listen_pool: db.Pool | None = None,
     ) -> AppContext:
-        """The context around an open pool (nothing here connects yet)."""
+        """The context around open pools (nothing here connects yet)."""
         from dataloader.client import Client
 
-        engine = db.create_engine(settings.target_dsn or dsn)
+        # SQLAlchemy's asyncpg dialect prepares named statements, which a transaction pooler
+        # loses between transactions: its engine on the queue's database connects straight
+        engine_dsn = routes.dsn if routes.statement_cache else routes.session_dsn
+        engine = db.create_engine(settings.target_dsn or engine_dsn)
         return cls(
             settings=settings,
-            dsn=dsn,
+            dsn=routes.dsn,
             pool=pool,
             engine=engine,
             sessionmaker=db.create_sessionmaker(engine),
-            client=Client(pool, settings=settings, registry=registry),
+            client=Client(pool, settings=settings, registry=registry, listen_pool=listen_pool),
             admin=AdminStore(GuardedPool(pool, settings.db_timeout_sec)),
+            routes=routes,
             _owns_pool=owns_pool,
+            _listen_pool=listen_pool,
         )
 
     async def _start(self, startup: StartupHook) -> None:
@@ -289,6 +401,8 @@ class AppContext:
         async with AsyncExitStack() as closing:  # callbacks run last-pushed first
             if self._owns_pool:
                 closing.push_async_callback(_close_pool, self.pool)
+            if self._listen_pool is not None:
+                closing.push_async_callback(_close_pool, self._listen_pool)
             closing.push_async_callback(self.engine.dispose)
             closing.push_async_callback(self.client.close)
             if self._cleanup is not None:

@@ -31,6 +31,7 @@ from dataloader.exceptions import (
 from dataloader.logger.utils import mask_text
 from dataloader.storage import db
 from dataloader.storage.connections import GuardedPool
+from dataloader.storage.pooling import Pooling
 from dataloader.tasks import TaskRegistry
 
 #: Always registered: used by the README and the tests.
@@ -257,7 +258,13 @@ async def inspected(settings: Settings) -> AsyncIterator[tuple[Client, GuardedPo
     dsn = await queue_dsn(settings)
     async with Client.connect(dsn, settings=settings, pool_size=2) as client:
         timeout = settings.db_timeout_sec
-        pool = await db.create_pool(db.libpq_dsn(dsn), 2, APPLICATION_NAME, timeout)
+        pool = await db.create_pool(
+            db.libpq_dsn(dsn),
+            2,
+            APPLICATION_NAME,
+            timeout,
+            statement_cache=client.pooling is not Pooling.transaction,
+        )
         try:
             yield client.acting_as(CLI_ACTOR), GuardedPool(pool, timeout)
         finally:

@@ -21,7 +21,13 @@ import uvicorn
 
 from dataloader.cli.common import fail, import_pipelines, inspected, load
 from dataloader.config import Settings
-from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
+from dataloader.context import (
+    check_database,
+    check_target,
+    resolve_dsn,
+    resolve_routes,
+    run_migrations,
+)
 from dataloader.contract import ContractError
 from dataloader.exceptions import ConfigError, DataloaderError
 from dataloader.logger import configure_logging
@@ -29,6 +35,7 @@ from dataloader.logger.utils import mask_dsn
 from dataloader.logger.uvicorn_logging_config import build_uvicorn_log_config
 from dataloader.maintenance.cron import configured_schedules
 from dataloader.storage.migrate import MigrationReport
+from dataloader.storage.pooling import Pooling
 from dataloader.tasks import registry as default_registry
 from dataloader.workers.destinations import check_at_start
 
@@ -105,10 +112,12 @@ async def _prepare_database(settings: Settings) -> Settings:
     application's start-up), migrate when configured, and say which servers they are and how
     to reach them (passwords masked)."""
     dsn = await resolve_dsn(settings)
-    version = await check_database(dsn, migrated=not settings.auto_migrate)
+    # first: a transaction pooler without DL_DB_DIRECT_DSN is refused before anything runs
+    routes = await resolve_routes(settings, dsn)
+    version = await check_database(routes.session_dsn, migrated=not settings.auto_migrate)
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
-        await run_migrations(dsn)
+        await run_migrations(routes.session_dsn)
     if settings.workers:
         await _check_destinations(dsn, settings)
     embedded = settings.asyncpg_dsn is None
@@ -120,6 +129,19 @@ async def _prepare_database(settings: Settings) -> Settings:
         shown,
         extra={"server_version": version, "embedded": embedded, "dsn": shown},
     )
+    if routes.pooling is not Pooling.none or routes.split:
+        shown_direct = mask_dsn(routes.session_dsn)
+        how = (
+            "reaches the server straight"
+            if routes.pooling is Pooling.none
+            else f"goes through a {routes.pooling}-pooling pooler"
+        )
+        log.info(
+            "DL_DB_DSN %s; the locks of lock_keys, LISTEN and migrations connect to %s",
+            how,
+            shown_direct,
+            extra={"pooling": str(routes.pooling), "direct_dsn": shown_direct},
+        )
     if settings.target_dsn is not None:
         shown_target = mask_dsn(settings.target_dsn)
         log.info(
@@ -332,4 +354,5 @@ def migrate() -> None:
 
 
 async def _migrate(settings: Settings) -> MigrationReport:
-    return await run_migrations(await resolve_dsn(settings))
+    routes = await resolve_routes(settings, await resolve_dsn(settings))
+    return await run_migrations(routes.session_dsn)

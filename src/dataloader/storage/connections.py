@@ -111,8 +111,9 @@ class GuardedPool:
     def __init__(self, pool: Pool, timeout: float = DEFAULT_TIMEOUT_SEC) -> None:
         self._pool = pool
         self._timeout = timeout
-        #: Server pid → start of the pool's sessions, learnt on each one's first use.
-        self._sessions: dict[int, datetime] = {}
+        #: The pid each connection announced → the start of its server session, learnt on its
+        #: first use (None: a pooler's connection, whose server session is never ours to end).
+        self._sessions: dict[int, datetime | None] = {}
         self._abandoned = AbandonedSessions("pool")
 
     @asynccontextmanager
@@ -145,8 +146,8 @@ class GuardedPool:
         if conn.get_server_pid() not in self._sessions:
             if len(self._sessions) > 1000:  # forget connections the pool has long replaced
                 self._sessions.clear()
-            pid, started = await session_identity(conn)  # type: ignore[arg-type]
-            self._sessions[pid] = started
+            session = await own_session(conn)  # type: ignore[arg-type]
+            self._sessions[conn.get_server_pid()] = None if session is None else session[1]
         if self._abandoned:
             await self._abandoned.end(conn, self._timeout)  # type: ignore[arg-type]
 
@@ -197,6 +198,17 @@ async def session_identity(conn: Connection) -> tuple[int, datetime]:
     row = await conn.fetchrow(queries.SESSION_IDENTITY)
     assert row is not None  # our own session is always in pg_stat_activity
     return row["pid"], row["backend_start"]
+
+
+async def own_session(conn: Connection) -> tuple[int, datetime] | None:
+    """(pid, backend_start) of the server session behind `conn` if it is ours alone, None
+    through a pooler. A pooler (PgBouncer) announces a pid of its own to each client, never the
+    server's; the server connection behind it is shared (in turn, or transaction by
+    transaction) and outlives ours: ending it would cut other clients' transactions, so a
+    session reached through a pooler is never ended (the pooler closes a server connection
+    whose client left mid-statement)."""
+    pid, started = await session_identity(conn)
+    return (pid, started) if pid == conn.get_server_pid() else None
 
 
 async def end_session(conn: Connection, pid: int, backend_start: datetime) -> bool:

@@ -68,10 +68,28 @@ async def _skip_reset(conn: Connection) -> None:
     leave. asyncpg still ends any open transaction first."""
 
 
-async def connect(dsn: str, application_name: str, timeout: float = 10.0) -> Connection:
-    """A dedicated connection (listener, lock holder, migrations)."""
+#: asyncpg's default number of prepared statements kept per connection.
+STATEMENT_CACHE_SIZE = 100
+
+
+def _cache_size(statement_cache: bool) -> int:
+    """Named prepared statements outlive a transaction: through a transaction pooler the next
+    statement may land on a server connection that never prepared them (PgBouncer 1.18 does
+    not track them). Without the cache asyncpg uses the unnamed statement, sent with each
+    query."""
+    return STATEMENT_CACHE_SIZE if statement_cache else 0
+
+
+async def connect(
+    dsn: str, application_name: str, timeout: float = 10.0, *, statement_cache: bool = True
+) -> Connection:
+    """A dedicated connection (listener, lock holder, migrations); `statement_cache=False`
+    through a transaction pooler."""
     conn: Connection = await asyncpg.connect(
-        dsn, timeout=timeout, server_settings={"application_name": application_name}
+        dsn,
+        timeout=timeout,
+        statement_cache_size=_cache_size(statement_cache),
+        server_settings={"application_name": application_name},
     )
     await _init_connection(conn)
     return conn
@@ -83,12 +101,13 @@ def new_pool(
     application_name: str,
     timeout: float = DEFAULT_TIMEOUT_SEC,
     *,
+    statement_cache: bool = True,
     min_size: int = 1,
 ) -> Pool:
     """A pool for the queue's short statements, opened by `await pool`. Its connections must
     not be left with session state (session advisory locks, LISTEN, SET): they are not reset.
-    `min_size=0`: no connection kept open, nor reopened in the background (with a warning
-    each time) while the server is away."""
+    `statement_cache=False` through a transaction pooler. `min_size=0`: no connection kept
+    open, nor reopened in the background while the server is away."""
     pool: Pool = asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -98,6 +117,7 @@ def new_pool(
         timeout=10.0,
         # No queue statement takes long; one that hangs (a half-open socket) must fail.
         command_timeout=timeout,
+        statement_cache_size=_cache_size(statement_cache),
         server_settings={"application_name": application_name},
     )
     return pool
@@ -109,10 +129,13 @@ async def create_pool(
     application_name: str,
     timeout: float = DEFAULT_TIMEOUT_SEC,
     *,
+    statement_cache: bool = True,
     min_size: int = 1,
 ) -> Pool:
     """The pool behind the API (and what pipelines are given), open."""
-    pool = new_pool(dsn, size, application_name, timeout, min_size=min_size)
+    pool = new_pool(
+        dsn, size, application_name, timeout, statement_cache=statement_cache, min_size=min_size
+    )
     await pool
     return pool
 

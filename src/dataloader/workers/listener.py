@@ -71,7 +71,7 @@ class Listener:
         self._closed.clear()
         conn.add_termination_listener(lambda _c: self._closed.set())
         try:
-            session = await asyncio.wait_for(connections.session_identity(conn), self._timeout)
+            session = await asyncio.wait_for(connections.own_session(conn), self._timeout)
             await self._abandoned.end(conn, self._timeout)
             await conn.add_listener(queries.JOBS_CHANNEL, self._notified)
             await conn.add_listener(queries.CANCEL_CHANNEL, self._notified)
@@ -86,7 +86,8 @@ class Listener:
                 try:
                     await asyncio.wait_for(connections.ping(conn), self._timeout)
                 except TimeoutError:  # a silent, half-open socket: its session may live on
-                    self._abandoned.add(*session)
+                    if session is not None:
+                        self._abandoned.add(*session)
                     raise
         finally:
             self.connected.clear()

@@ -90,7 +90,7 @@ class LockHolder:
         failure."""
         conn = await connect(self._dsn, "dataloader-locks", self._timeout)
         try:
-            session = await asyncio.wait_for(connections.session_identity(conn), self._timeout)
+            session = await asyncio.wait_for(connections.own_session(conn), self._timeout)
             await self._abandoned.end(conn, self._timeout)
         except BaseException:
             conn.terminate()

@@ -59,12 +59,18 @@ class WorkerManager:
             min(2 + len(settings.workers), WORKER_POOL_MAX),
             "dataloader-worker",
             settings.db_timeout_sec,
+            statement_cache=app.routes.statement_cache,
         )
+        # session advisory locks and LISTEN need a server session of their own for longer
+        # than a transaction: straight to the server past a transaction pooler
+        session_dsn = app.routes.session_dsn
         self.runtime = WorkerRuntime(
             settings=settings,
             app=app,
             protocol=WorkerProtocol(self._pool, settings.db_timeout_sec),
-            locks=LockHolder(app.dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec),
+            locks=LockHolder(
+                session_dsn, on_lost=self._locks_lost, timeout=settings.db_timeout_sec
+            ),
             registry=registry,
             worker_id=new_worker_id(),
             summary=job_summary(settings.log_summary_sec),
@@ -81,7 +87,7 @@ class WorkerManager:
         #: Who serves each queue.
         self.queues = {queue: w for w in self.workers for queue in _served(w)}
         self.listener = Listener(
-            app.dsn,
+            session_dsn,
             on_queue_ready=self._queue_ready,
             on_cancel=self._cancel_requested,
             on_connected=self.wake_all,

@@ -149,7 +149,13 @@ class Watchdog:
             self._loop.call_soon_threadsafe(_settle, ended, failure)
 
     async def _watch(self) -> None:
-        pool = db.new_pool(self._dsn, 1, "dataloader-watchdog", self._rt.settings.db_timeout_sec)
+        pool = db.new_pool(
+            self._dsn,
+            1,
+            "dataloader-watchdog",
+            self._rt.settings.db_timeout_sec,
+            statement_cache=self._rt.app.routes.statement_cache,
+        )
         await pool
         timeout = self._rt.settings.db_timeout_sec
         stores = _Stores(
