@@ -237,7 +237,7 @@ class ClusterClient(Client):
         found, down = await self._each(lambda client: client.get(wanted))
         for name, state in found.items():
             if state is not None:
-                return name, self._clients[name], state
+                return name, self._clients[name], dataclasses.replace(state, cluster=name)
         _raise_down(down)
         raise JobNotFound(f"job {job_id} not found")
 
@@ -429,9 +429,13 @@ class ClusterClient(Client):
         return merged
 
     async def known_tasks(self) -> KnownTasks:
+        """What the live processes of the clusters that answer know: a cluster that does not
+        answer takes its processes' tasks and queues with it, so its queues look unserved
+        (a trigger there is not refused as unrunnable: it fails with the cluster anyway),
+        while triggers on the other clusters' queues are checked as usual."""
         definitions: dict[str, frozenset[str | None]] = {}
         served: frozenset[str] = frozenset()
-        for known in (await self._all(lambda c: c.known_tasks())).values():
+        for known in (await self._each(lambda c: c.known_tasks()))[0].values():
             for task, queues in known.definitions.items():
                 definitions[task] = definitions.get(task, frozenset()) | queues
             served |= known.served

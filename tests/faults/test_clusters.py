@@ -1,0 +1,222 @@
+"""Queues on two PostgreSQL clusters (`DL_CLUSTERS`): two throwaway servers of the test's own.
+
+Each group's jobs run on its cluster and live in its database only; the client reads across
+both; refusals at start name the setting; one cluster stopped leaves the other's queues
+running and the API answering (503 only for the stopped cluster's queues), and once it is
+back its queues run again by themselves.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from dataloader.api import create_app
+from dataloader.api.v1.exceptions import RETRY_AFTER_SEC
+from dataloader.base import JobStatus
+from dataloader.clusters import ClusterClient
+from dataloader.config import Settings
+from dataloader.exceptions import ConfigError, DatabaseUnavailable, InvalidJob
+from dataloader.runner import Runner
+from dataloader.tasks import TaskRegistry
+
+from ..integration_tests.helpers import wait_until
+from .server import PrivateServer
+
+TIMINGS: dict[str, Any] = {
+    "heartbeat_sec": 0.2,
+    "default_lease_ttl_sec": 5,
+    "reaper_period_sec": 0.3,
+    "leader_lease_sec": 1,
+    "claim_backoff_sec": 0.2,
+    "retry_base_sec": 0,
+    "poll_interval_sec": 1,
+    "shutdown_timeout_sec": 3,
+    "db_pool_size": 4,
+    "db_timeout_sec": 2,
+}
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[PrivateServer, PrivateServer]]:
+    """Two clusters: the default one and the one holding the `eu.*` queues."""
+    main, eu = PrivateServer(), PrivateServer()
+    try:
+        await main.start()  # one after the other: the embedded server's start takes a lock
+        await eu.start()
+        yield main, eu
+    finally:
+        main.stop()
+        eu.stop()
+
+
+def settings_of(main: PrivateServer, eu: PrivateServer, **overrides: Any) -> Settings:
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        db_dsn=main.dsn,
+        clusters={"eu": {"dsn": eu.dsn, "queues": ["eu.*"]}},
+        workers=[{"queue": "etl", "concurrency": 2}, {"queue": "eu.load", "concurrency": 2}],
+        **(TIMINGS | overrides),
+    )
+
+
+def tasks() -> TaskRegistry:
+    registry = TaskRegistry()
+
+    @registry.task("etl.count", queue="etl")
+    async def count(ctx: Any) -> dict[str, str]:
+        return {"ran": "etl"}
+
+    @registry.task("eu.count", queue="eu.load")
+    async def eu_count(ctx: Any) -> dict[str, str]:
+        return {"ran": "eu"}
+
+    return registry
+
+
+async def rows(dsn: str, job_id: uuid.UUID) -> int:
+    """How many rows of dl_jobs the database of `dsn` holds for `job_id`."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        found: int = await conn.fetchval("SELECT count(*) FROM dl_jobs WHERE job_id = $1", job_id)
+    finally:
+        await conn.close()
+    return found
+
+
+async def test_each_groups_jobs_run_on_its_cluster_and_live_in_its_database_only(
+    servers: tuple[PrivateServer, PrivateServer],
+) -> None:
+    main, eu = servers
+    async with Runner(settings_of(main, eu), tasks()) as dl:
+        client = dl.client
+        assert isinstance(client, ClusterClient)
+        here = await client.enqueue("etl.count", {})
+        there = await client.enqueue("eu.count", {})
+        done_here = await client.wait(here.job_id, timeout=30)
+        done_there = await client.wait(there.job_id, timeout=30)
+        assert (done_here.status, done_here.result, done_here.cluster) == (
+            JobStatus.SUCCEEDED,
+            {"ran": "etl"},
+            "default",
+        )
+        assert (done_there.status, done_there.result, done_there.cluster) == (
+            JobStatus.SUCCEEDED,
+            {"ran": "eu"},
+            "eu",
+        )
+        assert (await rows(main.dsn, here.job_id), await rows(eu.dsn, here.job_id)) == (1, 0)
+        assert (await rows(main.dsn, there.job_id), await rows(eu.dsn, there.job_id)) == (0, 1)
+
+        # a list without a queue merges both clusters newest first, a page at a time
+        first = await client.list(limit=1)
+        assert [(j.job_id, j.cluster) for j in first.jobs] == [(there.job_id, "eu")]
+        assert first.next_cursor is not None
+        second = await client.list(limit=1, cursor=first.next_cursor)
+        assert [(j.job_id, j.cluster) for j in second.jobs] == [(here.job_id, "default")]
+        assert second.next_cursor is None
+        whole = await client.list()
+        assert [j.job_id for j in whole.jobs] == [there.job_id, here.job_id]
+        routed = await client.list(queue="eu.load")
+        assert [(j.job_id, j.cluster) for j in routed.jobs] == [(there.job_id, "eu")]
+
+        # reads by id find the one cluster holding the job; queue operations are routed
+        assert (await client.get(there.job_id)).cluster == "eu"  # type: ignore[union-attr]
+        assert (await client.events(there.job_id))[0].kind == "queued"
+        paused = await client.pause("eu.load")
+        assert paused.paused
+        assert (await client.stats("eu.load"))["eu.load"].paused
+        assert not (await client.stats("etl"))["etl"].paused
+        await client.resume("eu.load")
+
+        # a batch spanning clusters is refused before anything is written
+        batch = [client.job("etl.count", {}), client.job("eu.count", {})]
+        with pytest.raises(InvalidJob, match=r"spans clusters \['default', 'eu'\]"):
+            await client.enqueue_many(batch)
+        assert len((await client.list()).jobs) == 2
+
+
+async def test_what_would_split_a_cluster_is_refused_at_start(
+    servers: tuple[PrivateServer, PrivateServer],
+) -> None:
+    main, eu = servers
+    registry = tasks()
+
+    @registry.task("etl.then", queue="etl", then=("eu.count",))
+    async def then(ctx: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"^DL_CLUSTERS: task 'eu.count', a stage \(then=\)"):
+        await Runner(settings_of(main, eu), registry).start()
+
+    # a cluster that does not answer at start stops the start, naming it
+    await eu.shut_down()
+    runner = Runner(settings_of(main, eu), tasks())
+    with pytest.raises(DatabaseUnavailable, match=r"^cluster 'eu' \(postgresql://"):
+        await runner.start()
+    assert runner.clusters is None
+
+
+async def test_one_cluster_down_stops_only_its_queues_and_they_run_again_once_it_is_back(
+    servers: tuple[PrivateServer, PrivateServer],
+) -> None:
+    main, eu = servers
+    app = create_app(settings_of(main, eu), tasks())
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://dataloader.test"
+        ) as http,
+    ):
+
+        async def trigger(queue: str, task: str) -> httpx.Response:
+            body = {"queue": queue, "task": task, "lock_key": "k", "args": {}}
+            return await http.post("/api/v1/jobs/trigger", json=body)
+
+        async def succeeded(job_id: str) -> bool:
+            response = await http.get(f"/api/v1/jobs/{job_id}/status")
+            return response.status_code == 200 and response.json()["status"] == "succeeded"
+
+        status = await http.get("/status")
+        assert status.status_code == 200, status.text
+        assert status.json()["clusters"]["eu"]["status"] == "ok"
+
+        await eu.shut_down()
+        try:
+            # the default cluster's queue runs on and the API answers for it
+            response = await trigger("etl", "etl.count")
+            assert response.status_code == 200, response.text
+            job_id = response.json()["job_id"]
+            await wait_until(lambda: succeeded(job_id), 30, "the etl job to run")
+            listed = await http.get("/api/v1/jobs", params={"queue": "etl"})
+            assert listed.status_code == 200
+            assert {row["cluster"] for row in listed.json()["jobs"]} == {"default"}
+            # the stopped cluster's queues answer 503, saying when to try again
+            for response in (
+                await trigger("eu.load", "eu.count"),
+                await http.get("/api/v1/jobs", params={"queue": "eu.load"}),
+                await http.get("/status"),
+            ):
+                assert response.status_code == 503, response.text
+                assert response.headers["retry-after"] == str(RETRY_AFTER_SEC)
+            body = (await http.get("/status")).json()
+            assert body["clusters"]["default"]["status"] == "ok"
+            assert body["clusters"]["eu"]["status"] == "degraded"
+            assert body["queues"]["etl"]["cluster"] == "default"
+        finally:
+            await eu.start_again()
+
+        async def accepted() -> str | None:
+            response = await trigger("eu.load", "eu.count")
+            assert response.status_code in (200, 503), response.text
+            return str(response.json()["job_id"]) if response.status_code == 200 else None
+
+        job_id = await wait_until(accepted, 30, "a trigger on eu.load once its cluster is back")
+        await wait_until(lambda: succeeded(job_id), 30, "the eu job to run on its own")
+        assert await rows(eu.dsn, uuid.UUID(job_id)) == 1
+        status = await http.get("/status")
+        assert status.status_code == 200, status.text
