@@ -17,9 +17,11 @@ What is routed, and how:
   not found and a cluster does not answer, DatabaseUnavailable: it may be there);
 * to every cluster, merged: `list` without a queue (newest first across clusters, with the
   same keyset cursor: a cursor is a position (created_at, job_id) in one order that every
-  cluster shares), `stats`, `workers`, `status`, `awaited_tasks`, `known_tasks`. A merged
-  read raises DatabaseUnavailable when a cluster does not answer (a partial answer would look
-  whole); `statuses` reads each cluster apart, for /status and the dashboard.
+  cluster shares), `stats`, `workers`, `awaited_tasks`. A merged read raises
+  DatabaseUnavailable when a cluster does not answer (a partial answer would look whole),
+  but for three made to survive an outage: `status` (the missing cluster is a warning),
+  `throughput` (beside that warning) and `known_tasks` (the trigger check of the other
+  clusters' queues); `statuses` reads each cluster apart.
 
 Everything a job reads back names its cluster (`JobState.cluster`).
 """
@@ -358,25 +360,35 @@ class ClusterClient(Client):
         return dict(sorted(merged.items()))
 
     async def status(self) -> SystemStatus:
-        """Every cluster's status as one (queues, live processes and warnings of all, the
-        default cluster's maintenance); DatabaseUnavailable when a cluster does not answer:
-        `statuses` says which."""
-        statuses = await self._all(lambda client: client.status())
-        first = statuses[routing.DEFAULT]
+        """Every cluster's status as one: the queues (`clusters` names each one's cluster),
+        live processes and warnings of all, the default cluster's maintenance and table
+        health. A cluster that does not answer is a warning (its queues are left out);
+        DatabaseUnavailable only when none answers. `statuses` gives each apart."""
+        statuses, down = await self._each(lambda client: client.status())
+        if not statuses:
+            _raise_down(down)
+        first = statuses.get(routing.DEFAULT) or next(iter(statuses.values()))
         queues: dict[str, QueueStats] = {}
+        held: dict[str, str] = {}
         for name, state in statuses.items():
             for queue, figures in state.queues.items():
                 if queue not in queues or self.clusters.of_queue(queue) == name:
-                    queues[queue] = figures
+                    queues[queue], held[queue] = figures, name
+        warnings = [
+            f"cluster {name!r} does not answer: its queues are not shown ({exc})"
+            for name, exc in down.items()
+        ]
+        warnings += [
+            f"cluster {name!r}: {warning}" if name != routing.DEFAULT else warning
+            for name, state in statuses.items()
+            for warning in state.warnings
+        ]
         return dataclasses.replace(
             first,
             queues=dict(sorted(queues.items())),
             live_workers=[w for s in statuses.values() for w in s.live_workers],
-            warnings=[
-                f"cluster {name!r}: {warning}" if name != routing.DEFAULT else warning
-                for name, state in statuses.items()
-                for warning in state.warnings
-            ],
+            warnings=warnings,
+            clusters=held,
         )
 
     async def statuses(self) -> dict[str, SystemStatus | DatabaseUnavailable]:
@@ -391,9 +403,12 @@ class ClusterClient(Client):
             return await self.of_queue(queue)[1].throughput(
                 span_sec=span_sec, step_sec=step_sec, queue=queue
             )
-        series = await self._all(
+        # the clusters that answer (a chart beside `status`, which warns of the others)
+        series, down = await self._each(
             lambda client: client.throughput(span_sec=span_sec, step_sec=step_sec)
         )
+        if not series:
+            _raise_down(down)
         # the clusters' clocks differ slightly: steps are summed where they start alike
         summed: dict[datetime, ThroughputPoint] = {}
         for points in series.values():

@@ -181,9 +181,29 @@ async def test_one_cluster_down_stops_only_its_queues_and_they_run_again_once_it
             response = await http.get(f"/api/v1/jobs/{job_id}/status")
             return response.status_code == 200 and response.json()["status"] == "succeeded"
 
+        for queue, task in (("etl", "etl.count"), ("eu.load", "eu.count")):
+            job_id = (await trigger(queue, task)).json()["job_id"]
+            await wait_until(lambda j=job_id: succeeded(j), 30, f"the {queue} job to run")
         status = await http.get("/status")
         assert status.status_code == 200, status.text
-        assert status.json()["clusters"]["eu"]["status"] == "ok"
+        body = status.json()
+        assert body["clusters"]["eu"]["status"] == "ok"
+        assert body["clusters"]["default"]["status"] == "ok"
+        assert body["queues"]["eu.load"]["cluster"] == "eu"
+        assert body["queues"]["etl"]["cluster"] == "default"
+        assert {w["cluster"] for w in body["workers"]} == {"default", "eu"}
+
+        # the dashboard reads through the same client: every cluster, a cluster column
+        overview = await http.get("/ui", follow_redirects=True)
+        assert overview.status_code == 200
+        assert '<th scope="col">cluster</th>' in overview.text
+        assert "<td>eu</td>" in overview.text
+        assert "<td>default</td>" in overview.text
+        jobs_page = await http.get("/ui/jobs")
+        assert jobs_page.status_code == 200
+        assert "<td>eu</td>" in jobs_page.text
+        assert "<td>default</td>" in jobs_page.text
+        assert (await http.get("/ui/queues/eu.load")).status_code == 200
 
         await eu.shut_down()
         try:
@@ -207,6 +227,10 @@ async def test_one_cluster_down_stops_only_its_queues_and_they_run_again_once_it
             assert body["clusters"]["default"]["status"] == "ok"
             assert body["clusters"]["eu"]["status"] == "degraded"
             assert body["queues"]["etl"]["cluster"] == "default"
+            # the dashboard's overview still answers, and says which cluster is missing
+            overview = await http.get("/ui")
+            assert overview.status_code == 200
+            assert "cluster &#39;eu&#39; does not answer" in overview.text
         finally:
             await eu.start_again()
 

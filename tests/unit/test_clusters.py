@@ -89,9 +89,11 @@ def test_two_patterns_overlap_when_a_queue_matches_both(a: str, b: str, both: st
         assert routing.matches(b, both)
 
 
-def test_the_setting_parses_and_masks_nothing_it_keeps() -> None:
-    os.environ["DL_DB_DSN"] = "postgresql://dl@pg-main/dl"
-    os.environ["DL_CLUSTERS"] = groups(eu={"dsn": EU, "queues": ["eu.*"], "namespaces": ["o"]})
+def test_the_setting_is_read_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DL_DB_DSN", "postgresql://dl@pg-main/dl")
+    monkeypatch.setenv(
+        "DL_CLUSTERS", groups(eu={"dsn": EU, "queues": ["eu.*"], "namespaces": ["o"]})
+    )
     settings = load_settings(_env_file=None)
     assert settings.clusters["eu"].dsn == EU
     assert settings.cluster_map.of_queue("eu.x") == "eu"
@@ -138,7 +140,9 @@ def test_the_default_clusters_dsn_given_to_a_group_is_refused() -> None:
     assert "secret-eu" not in message
 
 
-def test_shared_slots_spanning_clusters_are_refused_naming_both_settings() -> None:
+def test_shared_slots_spanning_clusters_are_refused_naming_both_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     message = settings_error(
         DL_CLUSTERS=groups(eu={"dsn": EU, "queues": ["eu.*"]}),
         WORKERS_JSON='[{"queues": ["etl", "eu.load"], "concurrency": 2}]',
@@ -147,8 +151,8 @@ def test_shared_slots_spanning_clusters_are_refused_naming_both_settings() -> No
     assert "'eu.load' in cluster 'eu'" in message
     assert "DL_CLUSTERS" in message
     # shared slots within one cluster are fine
-    os.environ["DL_CLUSTERS"] = groups(eu={"dsn": EU, "queues": ["eu.*"]})
-    os.environ["WORKERS_JSON"] = '[{"queues": ["eu.a", "eu.b"], "concurrency": 2}]'
+    monkeypatch.setenv("DL_CLUSTERS", groups(eu={"dsn": EU, "queues": ["eu.*"]}))
+    monkeypatch.setenv("WORKERS_JSON", '[{"queues": ["eu.a", "eu.b"], "concurrency": 2}]')
     assert load_settings(_env_file=None).workers[0].queues == ["eu.a", "eu.b"]
 
 
