@@ -8,6 +8,7 @@ back its queues run again by themselves.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,8 +20,10 @@ import pytest
 from dataloader.api import create_app
 from dataloader.api.v1.exceptions import RETRY_AFTER_SEC
 from dataloader.base import JobStatus
+from dataloader.client import Client
 from dataloader.clusters import ClusterClient
 from dataloader.config import Settings
+from dataloader.context import run_migrations
 from dataloader.exceptions import ConfigError, DatabaseUnavailable, InvalidJob
 from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
@@ -56,13 +59,11 @@ async def servers() -> AsyncIterator[tuple[PrivateServer, PrivateServer]]:
 
 
 def settings_of(main: PrivateServer, eu: PrivateServer, **overrides: Any) -> Settings:
-    return Settings(  # type: ignore[call-arg]
-        _env_file=None,
-        db_dsn=main.dsn,
-        clusters={"eu": {"dsn": eu.dsn, "queues": ["eu.*"]}},
-        workers=[{"queue": "etl", "concurrency": 2}, {"queue": "eu.load", "concurrency": 2}],
-        **(TIMINGS | overrides),
-    )
+    given: dict[str, Any] = {
+        "clusters": {"eu": {"dsn": eu.dsn, "queues": ["eu.*"]}},
+        "workers": [{"queue": "etl", "concurrency": 2}, {"queue": "eu.load", "concurrency": 2}],
+    }
+    return Settings(_env_file=None, db_dsn=main.dsn, **(TIMINGS | given | overrides))  # type: ignore[call-arg]
 
 
 def tasks() -> TaskRegistry:
@@ -244,3 +245,72 @@ async def test_one_cluster_down_stops_only_its_queues_and_they_run_again_once_it
         assert await rows(eu.dsn, uuid.UUID(job_id)) == 1
         status = await http.get("/status")
         assert status.status_code == 200, status.text
+
+
+async def test_a_queue_moves_to_another_cluster_as_documented(
+    servers: tuple[PrivateServer, PrivateServer],
+) -> None:
+    """docs/scale-out.md, "Moving a group of queues to another cluster", step by step: no job
+    is lost, each runs once in one database, and a lock_key's jobs run in order, the old
+    cluster's before the new one's."""
+    main, eu = servers
+    old = settings_of(main, eu, clusters={}, workers=[{"queue": "etl.eu", "concurrency": 2}])
+    new = settings_of(
+        main,
+        eu,
+        clusters={"eu": {"dsn": eu.dsn, "queues": ["etl.eu"]}},
+        workers=[{"queue": "etl.eu", "concurrency": 2}],
+    )
+    ran: list[int] = []
+    gate = asyncio.Event()
+    registry = TaskRegistry()
+
+    @registry.task("etl.step", queue="etl.eu")
+    async def step(ctx: Any) -> None:
+        if ctx.args.get("gated"):
+            await gate.wait()
+        ran.append(ctx.args["n"])
+
+    async with Runner(old, registry) as old_deployment:
+        first = [
+            await old_deployment.client.enqueue("etl.step", {"n": n, "gated": True}, lock_key="d")
+            for n in range(3)
+        ]
+        # 1. the new cluster gets the schema
+        await run_migrations(eu.dsn)
+        # 2. the queue is paused on the new cluster, before anything is sent there
+        async with ClusterClient.connect_all(new) as admin:
+            await admin.pause("etl.eu")
+        # 3. the routing switches: new jobs go to the new cluster, and wait there
+        async with Runner(new, registry) as new_deployment:
+            second = [
+                await new_deployment.client.enqueue("etl.step", {"n": n}, lock_key="d")
+                for n in range(3, 6)
+            ]
+            for job in second:
+                state = await new_deployment.client.get(job.job_id)
+                assert state is not None
+                assert (state.cluster, state.status) == ("eu", JobStatus.QUEUED)
+            # 4. the old cluster drains (its worker, with the old routing, runs on)
+            gate.set()
+            async with Client.connect(main.dsn) as on_old:
+
+                async def drained() -> bool:
+                    s = (await on_old.stats("etl.eu"))["etl.eu"]
+                    return s.ready + s.waiting + s.delayed + s.running == 0
+
+                await wait_until(drained, 30, "the old cluster to drain")
+            # 5. the old worker stops; the queue resumes on the new cluster
+            await old_deployment.stop()
+            await new_deployment.client.resume("etl.eu")
+            for job in second:
+                done = await new_deployment.client.wait(job.job_id, timeout=30)
+                assert done.status == JobStatus.SUCCEEDED
+            for job in first:
+                done = await new_deployment.client.wait(job.job_id, timeout=30)
+                assert (done.status, done.cluster) == (JobStatus.SUCCEEDED, "default")
+    assert ran == [0, 1, 2, 3, 4, 5]
+    for job in first:
+        assert (await rows(main.dsn, job.job_id), await rows(eu.dsn, job.job_id)) == (1, 0)
+    for job in second:
+        assert (await rows(main.dsn, job.job_id), await rows(eu.dsn, job.job_id)) == (0, 1)
