@@ -55,6 +55,7 @@ from dataloader.exceptions import (
 from dataloader.health import MaintenanceState, SystemStatus
 from dataloader.logger.utils import mask_dsn
 from dataloader.processes import Processes
+from dataloader.storage import queries
 from dataloader.storage.presence import LiveWorker, PublishedTask
 from dataloader.storage.processes import ProcessPage
 from dataloader.storage.repositories import BulkResult, JobPage, _cursor
@@ -703,6 +704,7 @@ class ClusterRuntime:
                         self._registry_of(name),
                         pool=self._pool if name == routing.DEFAULT else None,
                     )
+            await _one_database_each(self.contexts)
             default = self.contexts[routing.DEFAULT]
             client = ClusterClient(
                 {name: context.client for name, context in self.contexts.items()},
@@ -760,6 +762,23 @@ class ClusterRuntime:
 
     async def wait_idle(self) -> None:
         await asyncio.gather(*(manager.wait_idle() for manager in self.managers.values()))
+
+
+async def _one_database_each(contexts: Mapping[str, AppContext]) -> None:
+    """ConfigError when two clusters are one database reached by two DSNs (another host
+    name, other options): its queues would be served as two clusters' and its jobs found in
+    both."""
+    seen: dict[tuple[Any, ...], str] = {}
+    for name, context in contexts.items():
+        row = await context.pool.fetchrow(queries.DATABASE_IDENTITY)
+        assert row is not None  # a SELECT without FROM returns its row
+        identity = tuple(row)
+        if identity in seen:
+            raise ConfigError(
+                f"{routing.VARIABLE}: clusters {seen[identity]!r} and {name!r} reach one"
+                f" database ({row['database']!r}): give each group a cluster of its own"
+            )
+        seen[identity] = name
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from dataloader.client import Client
 from dataloader.clusters import ClusterClient
 from dataloader.config import Settings
 from dataloader.context import run_migrations
+from dataloader.core.processes import Process, ProcessResult, ProcessTask
 from dataloader.exceptions import ConfigError, DatabaseUnavailable, InvalidJob
 from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
@@ -153,6 +154,13 @@ async def test_what_would_split_a_cluster_is_refused_at_start(
 
     with pytest.raises(ConfigError, match=r"^DL_CLUSTERS: task 'eu.count', a stage \(then=\)"):
         await Runner(settings_of(main, eu), registry).start()
+
+    # one database named twice, by two DSNs
+    twice = settings_of(
+        main, eu, clusters={"eu": {"dsn": main.dsn + "&sslmode=disable", "queues": ["eu.*"]}}
+    )
+    with pytest.raises(ConfigError, match="clusters 'default' and 'eu' reach one database"):
+        await Runner(twice, tasks()).start()
 
     # a cluster that does not answer at start stops the start, naming it
     await eu.shut_down()
@@ -314,3 +322,42 @@ async def test_a_queue_moves_to_another_cluster_as_documented(
         assert (await rows(main.dsn, job.job_id), await rows(eu.dsn, job.job_id)) == (1, 0)
     for job in second:
         assert (await rows(main.dsn, job.job_id), await rows(eu.dsn, job.job_id)) == (0, 1)
+
+
+async def test_a_namespaces_processes_live_and_run_in_its_cluster(
+    servers: tuple[PrivateServer, PrivateServer],
+) -> None:
+    main, eu = servers
+    registry = TaskRegistry()
+
+    @registry.process("orders", queue="eu.orders")
+    async def orders(task: ProcessTask, process: Process) -> ProcessResult:
+        return ProcessResult(events=[{"kind": task.kind.value}], response={"on": "eu"})
+
+    settings = settings_of(
+        main,
+        eu,
+        clusters={"eu": {"dsn": eu.dsn, "queues": ["eu.*"], "namespaces": ["orders"]}},
+        workers=[{"queue": "eu.orders", "concurrency": 2}],
+    )
+    async with Runner(settings, registry) as dl:
+        processes = dl.client.processes
+        assert await processes.start("orders", "o-1", {"total": 10}, timeout=30) == {"on": "eu"}
+        assert await processes.call("orders", "o-1", {"paid": 10}, timeout=30) == {"on": "eu"}
+        found = await processes.get("orders", "o-1")
+        assert found is not None
+        assert [e.payload for e in await processes.events("orders", "o-1")] == [
+            {"kind": "init"},
+            {"kind": "call"},
+        ]
+        assert [p.process_id for p in (await processes.list()).processes] == ["o-1"]
+        assert sum((await processes.counts()).values()) == 1
+        # a process of the namespace started on a queue of another cluster is refused
+        with pytest.raises(InvalidJob, match="its namespace is in cluster 'eu'"):
+            await processes.start("orders", "o-2", queue="etl")
+    for dsn, expected in ((main.dsn, 0), (eu.dsn, 1)):
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM dl_processes") == expected
+        finally:
+            await conn.close()
