@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dataloader.client import Client, JobUpdate, _open_pool, _uuid
 from dataloader.config import Settings, load_settings
-from dataloader.context import AppContext, StartupHook
+from dataloader.context import (
+    QUEUE_DSN_VARIABLE,
+    AppContext,
+    StartupHook,
+    check_database,
+    run_migrations,
+)
 from dataloader.core import clusters as routing
 from dataloader.core.models import EnqueueResult, JobEvent, JobState, NewJob, QueueStats
 from dataloader.core.queues import QueueEvent, QueueSettings, ThroughputPoint
@@ -764,6 +770,18 @@ class ClusterRuntime:
         await asyncio.gather(*(manager.wait_idle() for manager in self.managers.values()))
 
 
+async def check_clusters(settings: Settings, registry: TaskRegistry) -> None:
+    """Before a service or worker process starts (one line, not a traceback from its start):
+    the tasks link no two clusters (`check_registry`), and each group's cluster answers, runs
+    a recent enough PostgreSQL and holds the schema, migrated here with DL_AUTO_MIGRATE."""
+    check_registry(settings.cluster_map, registry)
+    for name, spec in settings.clusters.items():
+        with _naming(settings, name):
+            await check_database(spec.asyncpg_dsn, migrated=not settings.auto_migrate)
+            if settings.auto_migrate:
+                await run_migrations(spec.asyncpg_dsn)
+
+
 async def _one_database_each(contexts: Mapping[str, AppContext]) -> None:
     """ConfigError when two clusters are one database reached by two DSNs (another host
     name, other options): its queues would be served as two clusters' and its jobs found in
@@ -783,11 +801,16 @@ async def _one_database_each(contexts: Mapping[str, AppContext]) -> None:
 
 @contextlib.contextmanager
 def _naming(settings: Settings, name: str) -> Iterator[None]:
-    """A failure to reach or use a cluster, as one line naming it (the password masked)."""
+    """A failure to reach or use a group's cluster, as one line naming DL_CLUSTERS and the
+    cluster (the password masked); the default cluster's already names DL_DB_DSN."""
     try:
         yield
     except DataloaderError as exc:
+        if name == routing.DEFAULT:
+            raise
         kind = next(
             k for k in (DatabaseUnavailable, ConfigError, DataloaderError) if isinstance(exc, k)
         )
-        raise kind(f"{where(settings, name)}: {exc}") from None
+        # the checks shared with DL_DB_DSN name it: this DSN is another setting's
+        text = str(exc).removeprefix(f"{QUEUE_DSN_VARIABLE}: ")
+        raise kind(f"{routing.VARIABLE}, {where(settings, name)}: {text}") from None

@@ -9,8 +9,11 @@ back its queues run again by themselves.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -30,6 +33,8 @@ from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
 
 from ..integration_tests.helpers import wait_until
+from ..integration_tests.procs import PYTHON_M_DATALOADER, run_cli
+from .conftest import REPO_ROOT
 from .server import PrivateServer
 
 TIMINGS: dict[str, Any] = {
@@ -165,7 +170,7 @@ async def test_what_would_split_a_cluster_is_refused_at_start(
     # a cluster that does not answer at start stops the start, naming it
     await eu.shut_down()
     runner = Runner(settings_of(main, eu), tasks())
-    with pytest.raises(DatabaseUnavailable, match=r"^cluster 'eu' \(postgresql://"):
+    with pytest.raises(DatabaseUnavailable, match=r"^DL_CLUSTERS, cluster 'eu' \(postgresql://"):
         await runner.start()
     assert runner.clusters is None
 
@@ -361,3 +366,22 @@ async def test_a_namespaces_processes_live_and_run_in_its_cluster(
             assert await conn.fetchval("SELECT count(*) FROM dl_processes") == expected
         finally:
             await conn.close()
+
+
+async def test_the_worker_command_names_a_cluster_that_does_not_answer_in_one_line(
+    servers: tuple[PrivateServer, PrivateServer], tmp_path: Path
+) -> None:
+    main, eu = servers
+    await eu.shut_down()
+    env = {
+        "DL_DB_DSN": main.dsn,
+        "DL_CLUSTERS": json.dumps({"eu": {"dsn": eu.dsn, "queues": ["eu.*"]}}),
+        "WORKERS_JSON": '[{"queue": "eu.load", "concurrency": 1}]',
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    result = await asyncio.to_thread(run_cli, [*PYTHON_M_DATALOADER, "worker"], env, tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stdout
+    last = result.stdout.strip().splitlines()[-1]  # after the default cluster's migrations
+    assert last.startswith("dataloader: DL_CLUSTERS, cluster 'eu' (postgresql://"), last
+    assert "cannot connect to" in last

@@ -20,6 +20,7 @@ import typer
 import uvicorn
 
 from dataloader.cli.common import fail, import_pipelines, inspected, load
+from dataloader.clusters import check_clusters
 from dataloader.config import Settings
 from dataloader.context import check_database, check_target, resolve_dsn, run_migrations
 from dataloader.contract import ContractError
@@ -109,6 +110,8 @@ async def _prepare_database(settings: Settings) -> Settings:
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(dsn)
+    if settings.clusters:  # DL_CLUSTERS: every other cluster too
+        await check_clusters(settings, default_registry)
     if settings.workers:
         await _check_destinations(dsn, settings)
     embedded = settings.asyncpg_dsn is None
