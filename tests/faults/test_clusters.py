@@ -129,8 +129,26 @@ async def test_each_groups_jobs_run_on_its_cluster_and_live_in_its_database_only
         assert second.next_cursor is None
         whole = await client.list()
         assert [j.job_id for j in whole.jobs] == [there.job_id, here.job_id]
+        # pages of 3 over 10 jobs of both clusters: each job once, in the one order
+        for n in range(4):
+            await client.enqueue("eu.count" if n % 2 else "etl.count", {})
+            await client.enqueue("etl.count" if n % 2 else "eu.count", {})
+        seen, cursor = [], None
+        while True:
+            page = await client.list(limit=3, cursor=cursor)
+            seen += page.jobs
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert len(seen) == 10
+        assert {j.cluster for j in seen} == {"default", "eu"}
+        keys = [(j.created_at, j.job_id) for j in seen]
+        assert keys == sorted(set(keys), reverse=True)
+        await client.enqueue_many([client.job("eu.count", {})])  # one cluster: accepted
+        assert len((await client.list(queue="eu.load", limit=100)).jobs) == 6
         routed = await client.list(queue="eu.load")
-        assert [(j.job_id, j.cluster) for j in routed.jobs] == [(there.job_id, "eu")]
+        assert [(j.job_id, j.cluster) for j in routed.jobs][-1] == (there.job_id, "eu")
+        assert {j.cluster for j in routed.jobs} == {"eu"}
 
         # reads by id find the one cluster holding the job; queue operations are routed
         assert (await client.get(there.job_id)).cluster == "eu"  # type: ignore[union-attr]
@@ -145,7 +163,7 @@ async def test_each_groups_jobs_run_on_its_cluster_and_live_in_its_database_only
         batch = [client.job("etl.count", {}), client.job("eu.count", {})]
         with pytest.raises(InvalidJob, match=r"spans clusters \['default', 'eu'\]"):
             await client.enqueue_many(batch)
-        assert len((await client.list()).jobs) == 2
+        assert len((await client.list()).jobs) == 11
 
 
 async def test_what_would_split_a_cluster_is_refused_at_start(

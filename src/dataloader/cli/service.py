@@ -158,6 +158,10 @@ async def _check_destinations(dsn: str, settings: Settings) -> None:
 
 
 def _hurry_workers(application: FastAPI) -> None:
+    clusters = getattr(application.state, "clusters", None)
+    if clusters is not None:  # DL_CLUSTERS: every cluster's workers
+        clusters.hurry()
+        return
     manager: WorkerManager | None = application.state.manager
     if manager is not None:
         manager.hurry()
