@@ -122,8 +122,8 @@ def _tagged(state: JobState | None, cluster: str) -> JobState | None:
 
 class ClusterClient(Client):
     """`dataloader.Client` over several clusters (see the module's docstring): one Client per
-    cluster in `clients` (DEFAULT's among them), routed by `clusters`. What this class does
-    not route itself (`maintenance`, `published_tasks`) reads the default cluster."""
+    cluster in `clients` (DEFAULT's among them), routed by `clusters`. `maintenance` reads
+    the default cluster's (each cluster's is in `statuses`)."""
 
     def __init__(
         self,

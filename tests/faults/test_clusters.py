@@ -33,6 +33,7 @@ from dataloader.runner import Runner
 from dataloader.tasks import TaskRegistry
 
 from ..integration_tests.helpers import wait_until
+from ..integration_tests.operators import Cli
 from ..integration_tests.procs import PYTHON_M_DATALOADER, run_cli
 from .conftest import REPO_ROOT
 from .server import PrivateServer
@@ -403,3 +404,28 @@ async def test_the_worker_command_names_a_cluster_that_does_not_answer_in_one_li
     last = result.stdout.strip().splitlines()[-1]  # after the default cluster's migrations
     assert last.startswith("dataloader: DL_CLUSTERS, cluster 'eu' (postgresql://"), last
     assert "cannot connect to" in last
+
+
+async def test_the_cli_reads_every_cluster(
+    servers: tuple[PrivateServer, PrivateServer], tmp_path: Path
+) -> None:
+    main, eu = servers
+    settings = settings_of(main, eu)
+    for dsn in (main.dsn, eu.dsn):
+        await run_migrations(dsn)
+    async with ClusterClient.connect_all(settings) as client:
+        here = await client.enqueue("etl.count", queue="etl")
+        there = await client.enqueue("eu.count", queue="eu.load")
+    cli = Cli(main.dsn, tmp_path)
+    env: dict[str, str | None] = {
+        "DL_CLUSTERS": json.dumps(settings_of(main, eu).model_dump()["clusters"])
+    }
+    listed = await cli("jobs", "--json", env=env)
+    assert listed.returncode == 0, listed
+    jobs = json.loads(listed.stdout)["jobs"]
+    assert [(j["job_id"], j["cluster"]) for j in jobs] == [
+        (str(there.job_id), "eu"),
+        (str(here.job_id), "default"),
+    ]
+    one = await cli("jobs", "--queue", "eu.load", "--json", env=env)
+    assert [j["job_id"] for j in json.loads(one.stdout)["jobs"]] == [str(there.job_id)]
