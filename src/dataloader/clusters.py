@@ -746,16 +746,18 @@ class ClusterRuntime:
         )
 
     async def stop(self, timeout: float) -> None:
-        """Stop every cluster's workers at once, then close the contexts."""
-        managers, self.managers = self.managers, {}
+        """Stop every cluster's workers at once (`hurry` reaches them meanwhile), then close
+        the contexts."""
         try:
             results = await asyncio.gather(
-                *(manager.stop(timeout) for manager in managers.values()), return_exceptions=True
+                *(manager.stop(timeout) for manager in self.managers.values()),
+                return_exceptions=True,
             )
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
         finally:
+            self.managers = {}
             contexts, self.contexts = self.contexts, {}
             for context in contexts.values():
                 with contextlib.suppress(Exception):  # every context closes

@@ -137,8 +137,10 @@ class Runner:
         short), then close the context: the startup hook's resources, the client, the engine,
         and the pool unless it was given. Stopping a Runner that is not running does nothing."""
         if self.clusters is not None:
-            clusters, self.clusters, self._manager, self._context = self.clusters, None, None, None
-            await clusters.stop(self.settings.shutdown_timeout_sec)
+            try:  # `hurry` reaches every cluster's workers until they have stopped
+                await self.clusters.stop(self.settings.shutdown_timeout_sec)
+            finally:
+                self.clusters = self._manager = self._context = None
             return
         try:
             if self._manager is not None:
