@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import copy
 import dataclasses
 import heapq
 import uuid
@@ -106,7 +107,8 @@ def cluster_settings(settings: Settings, name: str) -> Settings:
         "clusters": {},
     }
     if name != routing.DEFAULT:
-        update["db_dsn"] = settings.clusters[name].dsn
+        # DL_DB_READ_DSN is a standby of the default cluster's: the others read their primary
+        update |= {"db_dsn": settings.clusters[name].dsn, "db_read_dsn": None}
     return settings.model_copy(update=update)
 
 
@@ -134,7 +136,10 @@ class ClusterClient(Client):
         settings: Settings | None = None,
         registry: TaskRegistry | None = None,
     ) -> None:
-        super().__init__(default_pool, settings=settings, registry=registry)
+        settings = settings if settings is not None else load_settings()
+        # its reads go through each cluster's client, which reads from its own standby (if any)
+        own = settings.model_copy(update={"db_read_dsn": None})
+        super().__init__(default_pool, settings=own, registry=registry)
         self.clusters = clusters
         self._clients = dict(clients)
         self._owned_pools: list[Pool] = []
@@ -165,7 +170,7 @@ class ClusterClient(Client):
                 except DatabaseUnavailable as exc:
                     raise DatabaseUnavailable(f"{where(settings, name)}: {exc}") from None
             clients = {
-                name: Client(pool, settings=settings, registry=registry)
+                name: Client(pool, settings=cluster_settings(settings, name), registry=registry)
                 for name, pool in pools.items()
             }
             client = cls(
@@ -196,8 +201,19 @@ class ClusterClient(Client):
             for pool in pools:
                 await pool.close()
 
+    def exact(self) -> ClusterClient:
+        """This client with every cluster's reads on its primary (see `Client.exact`)."""
+        view = copy.copy(self)
+        view._origin, view._owned_pools, view._actors = self._origin or self, [], {}
+        view._clients = {name: c.exact() for name, c in self._clients.items()}
+        view.processes = ClusterProcesses(view)
+        return view
+
     def acting_as(self, actor: str) -> ClusterClient:
-        view = super().acting_as(actor)
+        """This client acting as `actor` on every cluster (see `Client.acting_as`)."""
+        named = super().acting_as(actor)  # checks the name; its journal's `by`
+        # a copy of the view `Client.acting_as` keeps: the clusters' clients are this one's
+        view = copy.copy(named)
         assert isinstance(view, ClusterClient)
         view._clients = {name: c.acting_as(actor) for name, c in self._clients.items()}
         view.processes = ClusterProcesses(view)

@@ -160,6 +160,7 @@ def test_each_cluster_gets_its_own_dsn_queues_and_schedules() -> None:
     settings = load_settings(
         _env_file=None,
         db_dsn="postgresql://dl@pg-main/dl",
+        db_read_dsn="postgresql://dl@pg-standby/dl",
         clusters=groups(eu={"dsn": EU, "queues": ["eu.*"]}),
         workers='[{"queue": "etl", "concurrency": 2}, {"queue": "eu.load", "concurrency": 3}]',
         cron='[{"name": "a", "schedule": "* * * * *", "task": "t", "queue": "eu.load"},'
@@ -170,7 +171,9 @@ def test_each_cluster_gets_its_own_dsn_queues_and_schedules() -> None:
     assert eu.clusters == {}
     assert [w.queue for w in eu.workers] == ["eu.load"]
     assert [c.name for c in eu.cron] == ["a"]
+    assert eu.db_read_dsn is None  # the standby of DL_DB_READ_DSN is the default cluster's
     default = cluster_settings(settings, DEFAULT)
+    assert default.db_read_dsn == "postgresql://dl@pg-standby/dl"
     assert default.db_dsn == "postgresql://dl@pg-main/dl"
     assert [w.queue for w in default.workers] == ["etl"]
     assert [c.name for c in default.cron] == ["b"]
