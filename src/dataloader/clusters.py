@@ -34,10 +34,11 @@ import contextlib
 import copy
 import dataclasses
 import heapq
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from dataloader.client import Client, JobUpdate, _open_pool, _uuid
 from dataloader.config import Settings, load_settings
@@ -62,7 +63,7 @@ from dataloader.exceptions import (
 from dataloader.health import MaintenanceState, SystemStatus
 from dataloader.logger.utils import mask_dsn
 from dataloader.processes import Processes
-from dataloader.storage import queries
+from dataloader.storage import db, queries
 from dataloader.storage.presence import LiveWorker, PublishedTask
 from dataloader.storage.processes import ProcessPage
 from dataloader.storage.repositories import BulkResult, JobPage, _cursor
@@ -74,6 +75,8 @@ if TYPE_CHECKING:
     from dataloader.storage.db import Pool
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def check_registry(clusters: routing.ClusterMap, registry: TaskRegistry) -> None:
@@ -224,19 +227,27 @@ class ClusterClient(Client):
     def of_queue(self, queue: str) -> tuple[str, Client]:
         """The cluster holding `queue`, and its client."""
         name = self.clusters.of_queue(queue)
-        return name, self._clients[name]
+        return name, self.on(name)
 
     def on(self, cluster: str) -> Client:
-        """The client of one cluster (KeyError for an unknown one)."""
-        return self._clients[cluster]
+        """The client of one cluster; DatabaseUnavailable for one not reached yet (down
+        since the start: `ClusterRuntime` joins it once it answers)."""
+        client = self._clients.get(cluster)
+        if client is None:
+            raise DatabaseUnavailable(f"cluster {cluster!r} has not been reached yet")
+        return client
+
+    def join(self, cluster: str, client: Client) -> None:
+        """Route to `cluster` through `client` from now on (a cluster reached late)."""
+        self._clients[cluster] = client
 
     async def _each(
         self, call: Callable[[Client], Awaitable[T]]
     ) -> tuple[dict[str, T], dict[str, DatabaseUnavailable]]:
         """`call` on every cluster at once: the answers, and the clusters that gave none."""
-        names = list(self._clients)
+        names = self.clusters.names
         answers = await asyncio.gather(
-            *(call(self._clients[name]) for name in names), return_exceptions=True
+            *(self._call_on(name, call) for name in names), return_exceptions=True
         )
         found: dict[str, T] = {}
         down: dict[str, DatabaseUnavailable] = {}
@@ -248,6 +259,9 @@ class ClusterClient(Client):
             else:
                 found[name] = answer
         return found, down
+
+    async def _call_on(self, name: str, call: Callable[[Client], Awaitable[T]]) -> T:
+        return await call(self.on(name))
 
     async def _all(self, call: Callable[[Client], Awaitable[T]]) -> dict[str, T]:
         """`call` on every cluster; DatabaseUnavailable naming the first that gave no answer."""
@@ -262,7 +276,7 @@ class ClusterClient(Client):
         found, down = await self._each(lambda client: client.get(wanted))
         for name, state in found.items():
             if state is not None:
-                return name, self._clients[name], dataclasses.replace(state, cluster=name)
+                return name, self.on(name), dataclasses.replace(state, cluster=name)
         _raise_down(down)
         raise JobNotFound(f"job {job_id} not found")
 
@@ -302,7 +316,7 @@ class ClusterClient(Client):
                 " transaction writes to one database; send each cluster's jobs apart",
             )
         name = next(iter(clusters), routing.DEFAULT)
-        return await self._clients[name].enqueue_many(batch, connection=connection)
+        return await self.on(name).enqueue_many(batch, connection=connection)
 
     def _queue_of(self, job: NewJob) -> str:
         """The queue `job` goes to: its own, else its task's (or the default queue)."""
@@ -417,7 +431,7 @@ class ClusterClient(Client):
     async def statuses(self) -> dict[str, SystemStatus | DatabaseUnavailable]:
         """Each cluster's status apart (as `Client.status`), or why it gave none."""
         found, down = await self._each(lambda client: client.status())
-        return {name: found.get(name) or down[name] for name in self._clients}
+        return {name: found.get(name) or down[name] for name in self.clusters.names}
 
     async def throughput(
         self, *, span_sec: int = 3600, step_sec: int = 60, queue: str | None = None
@@ -457,7 +471,7 @@ class ClusterClient(Client):
 
     async def maintenance(self) -> MaintenanceState:
         """The default cluster's maintenance (`statuses` has every cluster's)."""
-        return await self._clients[routing.DEFAULT].maintenance()
+        return await self.on(routing.DEFAULT).maintenance()
 
     async def awaited_tasks(self) -> dict[str, builtins.list[str]]:
         merged: dict[str, builtins.list[str]] = {}
@@ -511,7 +525,7 @@ class ClusterClient(Client):
         try:
             client = (await self._holder(job_id))[1]
         except JobNotFound:
-            client = self._clients[routing.DEFAULT]
+            client = self.on(routing.DEFAULT)
         async with client.ends_of(job_id) as woken:
             yield woken
 
@@ -561,14 +575,10 @@ class ClusterClient(Client):
         """A change by filter: on the queue's cluster, or cluster after cluster (DEFAULT
         first) within `limit` jobs looked at in all."""
         queue = where.get("queue")
-        names = (
-            [self.clusters.of_queue(queue)] if queue is not None else builtins.list(self._clients)
-        )
+        names = [self.clusters.of_queue(queue)] if queue is not None else self.clusters.names
         matched, changed, more = 0, [], False
         for i, name in enumerate(names):
-            done: BulkResult = await getattr(self._clients[name], method)(
-                limit=limit - matched, **where
-            )
+            done: BulkResult = await getattr(self.on(name), method)(limit=limit - matched, **where)
             matched += done.matched
             changed.extend(done.changed)
             if done.more or (matched >= limit and i < len(names) - 1):
@@ -684,9 +694,13 @@ class ClusterRuntime:
     listener, maintenance leadership, presence), and the `ClusterClient` over all of them,
     which every context offers as its `client` (a task's `ctx.client` routes too).
 
-    Every cluster must answer at start (a start against a cluster that is down is refused,
-    naming it); once running, a cluster that goes down stops only its own queues: its
-    workers, listener and pool wait for it and carry on when it is back."""
+    One cluster down degrades only its queues. The default cluster must answer at start; a
+    group's cluster that cannot be reached then (refused or unanswered connections) is
+    warned of and joined in the background once it answers (its context opened, its workers
+    started), while the others run; one that answers but cannot be used (no such database,
+    refused credentials, no schema) stops the start, named. Once running, a cluster that goes
+    down stops only its own queues: its workers, listener and pool wait for it and carry on
+    when it is back."""
 
     def __init__(
         self,
@@ -705,6 +719,8 @@ class ClusterRuntime:
         self.contexts: dict[str, AppContext] = {}
         self.managers: dict[str, WorkerManager] = {}
         self._client: ClusterClient | None = None
+        #: The background joins of clusters not reached at start.
+        self._joining: dict[str, asyncio.Task[None]] = {}
 
     @property
     def client(self) -> ClusterClient:
@@ -718,14 +734,15 @@ class ClusterRuntime:
         clusters = self.settings.cluster_map
         check_registry(clusters, self.registry)
         try:
+            unreached = []
             for name in clusters.names:
-                own = cluster_settings(self.settings, name)
-                with _naming(self.settings, name):
-                    self.contexts[name] = await AppContext.open(
-                        own,
-                        self._registry_of(name),
-                        pool=self._pool if name == routing.DEFAULT else None,
-                    )
+                try:
+                    self.contexts[name] = await self._open(name)
+                except DatabaseUnavailable as exc:
+                    if name == routing.DEFAULT or not unreachable(exc):
+                        raise
+                    log.warning("%s: its queues wait until it answers", exc)
+                    unreached.append(name)
             await _one_database_each(self.contexts)
             default = self.contexts[routing.DEFAULT]
             client = ClusterClient(
@@ -742,16 +759,61 @@ class ClusterRuntime:
                 await default._start(self._startup)
                 for context in self.contexts.values():
                     context.resources = default.resources
-            if self._run_workers:
-                for name, context in self.contexts.items():
-                    if context.settings.workers:
-                        manager = WorkerManager(context, self._registry_of(name))
-                        with _naming(self.settings, name):
-                            await manager.start()
-                        self.managers[name] = manager
+            for name, context in self.contexts.items():
+                await self._serve(name, context)
+            for name in unreached:
+                self._joining[name] = asyncio.create_task(
+                    self._join(name), name=f"dataloader-join-cluster-{name}"
+                )
         except BaseException:
             await self.stop(0)
             raise
+
+    async def _open(self, name: str) -> AppContext:
+        """The context of cluster `name` (its errors one line naming it)."""
+        with _naming(self.settings, name):
+            return await AppContext.open(
+                cluster_settings(self.settings, name),
+                self._registry_of(name),
+                pool=self._pool if name == routing.DEFAULT else None,
+            )
+
+    async def _serve(self, name: str, context: AppContext) -> None:
+        """Start the workers of cluster `name` if this process serves queues of it."""
+        if self._run_workers and context.settings.workers:
+            manager = WorkerManager(context, self._registry_of(name))
+            with _naming(self.settings, name):
+                await manager.start()
+            self.managers[name] = manager
+
+    async def _join(self, name: str) -> None:
+        """Open cluster `name` once it answers (every JOIN_RETRY_SEC, doubling to
+        JOIN_RETRY_MAX_SEC), then route to it and start its workers."""
+        delay = JOIN_RETRY_SEC
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, JOIN_RETRY_MAX_SEC)
+            try:
+                context = await self._open(name)
+            except DataloaderError as exc:  # still down, or not usable yet: try again
+                log.debug("%s", exc)
+                continue
+            try:
+                await _one_database_each({**self.contexts, name: context})
+                self.client.join(name, context.client)
+                context.client = self.client
+                context.resources = self.contexts[routing.DEFAULT].resources
+                self.contexts[name] = context
+                await self._serve(name, context)
+            except Exception as exc:  # a start that failed is tried again
+                log.warning("%s: %s", where(self.settings, name), exc)
+                self.contexts.pop(name, None)
+                self.client._clients.pop(name, None)
+                with contextlib.suppress(Exception):
+                    await context.close()
+                continue
+            log.info("%s answers: its queues run", where(self.settings, name))
+            return
 
     def _registry_of(self, name: str) -> TaskRegistry:
         """The tasks of one cluster's workers: all but those with a cron schedule on a queue of
@@ -764,6 +826,12 @@ class ClusterRuntime:
     async def stop(self, timeout: float) -> None:
         """Stop every cluster's workers at once (`hurry` reaches them meanwhile), then close
         the contexts."""
+        joining, self._joining = self._joining, {}
+        for task in joining.values():
+            task.cancel()
+        for task in joining.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             results = await asyncio.gather(
                 *(manager.stop(timeout) for manager in self.managers.values()),
@@ -788,16 +856,40 @@ class ClusterRuntime:
         await asyncio.gather(*(manager.wait_idle() for manager in self.managers.values()))
 
 
-async def check_clusters(settings: Settings, registry: TaskRegistry) -> None:
+async def check_clusters(settings: Settings, registry: TaskRegistry) -> list[str]:
     """Before a service or worker process starts (one line, not a traceback from its start):
-    the tasks link no two clusters (`check_registry`), and each group's cluster answers, runs
-    a recent enough PostgreSQL and holds the schema, migrated here with DL_AUTO_MIGRATE."""
+    the tasks link no two clusters (`check_registry`), and each group's cluster that answers
+    runs a recent enough PostgreSQL and holds the schema, migrated here with DL_AUTO_MIGRATE.
+    The clusters that do not answer (joined once they do, see `ClusterRuntime`)."""
     check_registry(settings.cluster_map, registry)
+    unreached = []
     for name, spec in settings.clusters.items():
-        with _naming(settings, name):
-            await check_database(spec.asyncpg_dsn, migrated=not settings.auto_migrate)
-            if settings.auto_migrate:
-                await run_migrations(spec.asyncpg_dsn)
+        try:
+            with _naming(settings, name):
+                await check_database(spec.asyncpg_dsn, migrated=not settings.auto_migrate)
+                if settings.auto_migrate:
+                    await run_migrations(spec.asyncpg_dsn)
+        except DatabaseUnavailable as exc:
+            if not unreachable(exc):
+                raise
+            unreached.append(name)
+    return unreached
+
+
+#: How soon a cluster not reached at start is tried again, and at most how long between tries.
+JOIN_RETRY_SEC: Final = 0.5
+JOIN_RETRY_MAX_SEC: Final = 10.0
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) is a connection refused, cut or unanswered:
+    a cluster down, not a cluster misconfigured."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, db.CONNECTION_ERRORS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def _one_database_each(contexts: Mapping[str, AppContext]) -> None:

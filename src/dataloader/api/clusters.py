@@ -42,7 +42,7 @@ async def _read(runtime: ClusterRuntime, name: str, timeout: float) -> SystemSta
 async def cluster_status(state: State, body: dict[str, Any], timeout: float) -> JSONResponse:
     """The body of /status over every cluster of `state.clusters` (see the module)."""
     runtime: ClusterRuntime = state.clusters
-    names = list(runtime.contexts)
+    names = runtime.client.clusters.names  # those not reached since the start too
     read = await asyncio.gather(*(_read(runtime, name, timeout) for name in names))
     body.update(queues={}, live_workers=[], warnings=[], clusters={})
     body["workers"] = [

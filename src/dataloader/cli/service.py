@@ -110,8 +110,8 @@ async def _prepare_database(settings: Settings) -> Settings:
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(dsn)
-    if settings.clusters:  # DL_CLUSTERS: every other cluster too
-        await check_clusters(settings, default_registry)
+    # DL_CLUSTERS: every other cluster too; one not answering is migrated when it is joined
+    unreached = await check_clusters(settings, default_registry) if settings.clusters else []
     if settings.workers:
         await _check_destinations(dsn, settings)
     embedded = settings.asyncpg_dsn is None
@@ -139,7 +139,9 @@ async def _prepare_database(settings: Settings) -> Settings:
             settings.db_read_max_lag_sec,
             extra={"read_dsn": shown_reads},
         )
-    return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
+    return settings.model_copy(
+        update={"db_dsn": dsn, "auto_migrate": settings.auto_migrate and bool(unreached)}
+    )
 
 
 async def _check_destinations(dsn: str, settings: Settings) -> None:
