@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from dataloader.core import clusters as routing
 from dataloader.core.cron import check_schedule, check_timezone
 from dataloader.core.dsn import normalise_dsn
 from dataloader.core.limits import BATCH_SIZE_MAX, check_args, check_key, check_name
@@ -464,6 +465,12 @@ class Settings(BaseSettings):
         description="The key that signs the dashboard's sessions (at least 32 characters),"
         " the same for every replica; unset: one made once and kept in the database.",
     )
+    clusters: Annotated[dict[str, routing.ClusterSpec], NoDecode] = Field(
+        default_factory=dict,
+        description="Queues and process namespaces held by other PostgreSQL clusters than"
+        ' DL_DB_DSN\'s, e.g. {"eu": {"dsn": "postgresql://…", "queues": ["eu.*", "billing"],'
+        ' "namespaces": ["orders"]}} (docs/scale-out.md); unset: one cluster.',
+    )
 
     @field_validator("db_dsn", "target_dsn", "db_direct_dsn")
     @classmethod
@@ -576,6 +583,20 @@ class Settings(BaseSettings):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return level
 
+    @field_validator("clusters", mode="before")
+    @classmethod
+    def _parse_clusters(cls, value: Any) -> Any:
+        return routing.parse(value)
+
+    @model_validator(mode="after")
+    def _clusters_apart(self) -> Self:
+        try:
+            routing.check_groups(self.clusters, self.db_dsn)
+        except ValueError as exc:
+            raise ValueError(f"{routing.VARIABLE}: {exc}") from None
+        routing.check_shared_slots(self.cluster_map, [s.served for s in self.workers if s.shared])
+        return self
+
     @property
     def asyncpg_dsn(self) -> str | None:
         """The DSN in the libpq form asyncpg accepts (no `+asyncpg`)."""
@@ -587,6 +608,11 @@ class Settings(BaseSettings):
     def total_slots(self) -> int:
         """Worker slots over all served queues."""
         return sum(spec.concurrency for spec in self.workers)
+
+    @property
+    def cluster_map(self) -> routing.ClusterMap:
+        """Which cluster holds each queue and namespace (`DL_CLUSTERS`)."""
+        return routing.ClusterMap(self.clusters)
 
 
 def env_name(field: str) -> str:

@@ -7,7 +7,7 @@ I/O, so every face says the same in the same words."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from dataloader.config import Settings
@@ -68,6 +68,8 @@ class SystemStatus:
     #: {namespace: durable processes in error} (a bounded count: see `process_warnings`).
     processes_in_error: dict[str, int]
     warnings: list[str]
+    #: {queue: the cluster holding it}, read through several clusters (`DL_CLUSTERS`).
+    clusters: dict[str, str] = field(default_factory=dict)
 
     def document(self) -> dict[str, Any]:
         """As JSON: what /status and `dataloader status --json` answer."""

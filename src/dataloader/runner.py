@@ -28,6 +28,7 @@ shutdown, once the workers have stopped); tasks read them as `ctx.resources`:
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from dataloader.client import Client
 from dataloader.config import Settings
@@ -37,6 +38,9 @@ from dataloader.storage.db import Pool
 from dataloader.tasks import TaskRegistry
 from dataloader.tasks import registry as default_registry
 from dataloader.workers.manager import WorkerManager
+
+if TYPE_CHECKING:
+    from dataloader.clusters import ClusterRuntime
 
 
 class Runner:
@@ -69,6 +73,8 @@ class Runner:
         self._startup = startup
         self._context: AppContext | None = None
         self._manager: WorkerManager | None = None
+        #: With DL_CLUSTERS: a context and workers per cluster (`dataloader.clusters`).
+        self.clusters: ClusterRuntime | None = None
 
     @property
     def context(self) -> AppContext:
@@ -79,7 +85,7 @@ class Runner:
 
     @property
     def client(self) -> Client:
-        """Enqueue, read, cancel, retry and wait for jobs."""
+        """Enqueue, read, cancel, retry and wait for jobs (on every cluster, routed)."""
         return self.context.client
 
     @property
@@ -92,6 +98,9 @@ class Runner:
         If any of it fails, whatever was opened is closed again before the error propagates."""
         if self._context is not None:
             raise RuntimeError("the Runner is already started")
+        if self.settings.clusters:
+            await self._start_clusters()
+            return
         context = await AppContext.open(
             self.settings, self.registry, pool=self._pool, startup=self._startup
         )
@@ -105,10 +114,34 @@ class Runner:
             self._manager = manager
         self._context = context
 
+    async def _start_clusters(self) -> None:
+        """A context per cluster, the default's as `context`, its workers (or the first
+        cluster's) as `manager`."""
+        from dataloader.clusters import ClusterRuntime
+
+        clusters = ClusterRuntime(
+            self.settings,
+            self.registry,
+            run_workers=self._run_workers,
+            pool=self._pool,
+            startup=self._startup,
+        )
+        await clusters.start()
+        self.clusters, self._context = clusters, clusters.contexts["default"]
+        self._manager = clusters.managers.get("default") or next(
+            iter(clusters.managers.values()), None
+        )
+
     async def stop(self) -> None:
         """Stop the workers gracefully (see `WorkerManager.stop`; `hurry` cuts the grace
         short), then close the context: the startup hook's resources, the client, the engine,
         and the pool unless it was given. Stopping a Runner that is not running does nothing."""
+        if self.clusters is not None:
+            try:  # `hurry` reaches every cluster's workers until they have stopped
+                await self.clusters.stop(self.settings.shutdown_timeout_sec)
+            finally:
+                self.clusters = self._manager = self._context = None
+            return
         try:
             if self._manager is not None:
                 await self._manager.stop(self.settings.shutdown_timeout_sec)
@@ -122,7 +155,9 @@ class Runner:
     def hurry(self) -> None:
         """Cut the grace period of a stop in progress (or to come) short: unfinished jobs are
         handed back at once. Safe to call from a signal handler."""
-        if self._manager is not None:
+        if self.clusters is not None:
+            self.clusters.hurry()
+        elif self._manager is not None:
             self._manager.hurry()
 
     async def run_until_empty(self) -> None:
@@ -130,6 +165,9 @@ class Runner:
         queue is paused) and nothing running."""
         if self._manager is None:
             raise RuntimeError("run_until_empty needs the workers (run_workers=True)")
+        if self.clusters is not None:
+            await self.clusters.wait_idle()
+            return
         await self._manager.wait_idle()
 
     async def __aenter__(self) -> Runner:

@@ -70,6 +70,7 @@ def create_app(
             live_tasks.store = runner.client
             app.state.jobs_service = JobsService(runner.client, settings, live_tasks, contract)
             app.state.manager = runner.manager
+            app.state.clusters = runner.clusters
             app.state.client = runner.client
             app.state.session_secret = await _session_secret(settings, runner)
             yield

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from dataloader import metrics
 from dataloader.api.auth import AUTH_ERRORS, AuthorizedRoute, requires
+from dataloader.api.clusters import cluster_status
 from dataloader.api.v1.exceptions import unavailable_response
 from dataloader.config import Scope
 from dataloader.exceptions import DatabaseUnavailable
@@ -84,6 +85,8 @@ async def status(request: Request) -> JSONResponse:
             for queue, w in (state.manager.queues.items() if state.manager else [])
         ],
     }
+    if getattr(state, "clusters", None) is not None:  # DL_CLUSTERS: each cluster apart
+        return await cluster_status(state, body, STATUS_DB_TIMEOUT_SEC)
     try:
         async with asyncio.timeout(STATUS_DB_TIMEOUT_SEC):
             system = await state.client.status()

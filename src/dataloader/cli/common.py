@@ -8,7 +8,7 @@ import asyncio
 import importlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from enum import IntEnum
 from typing import Annotated, Any, Final, NoReturn, TypeVar
 
@@ -231,11 +231,22 @@ async def queue_dsn(settings: Settings) -> str:
 async def connected(
     settings: Settings, actor: str = CLI_ACTOR, registry: TaskRegistry | None = None
 ) -> AsyncIterator[Client]:
-    """A client on the queue's database, its changes recorded as done by `actor`."""
-    async with Client.connect(
-        await queue_dsn(settings), settings=settings, registry=registry
-    ) as client:
+    """A client on the queue's database (every cluster's with DL_CLUSTERS), its changes
+    recorded as done by `actor`."""
+    async with _client(settings, await queue_dsn(settings), 4, registry) as client:
         yield client.acting_as(actor)
+
+
+def _client(
+    settings: Settings, dsn: str, pool_size: int, registry: TaskRegistry | None = None
+) -> AbstractAsyncContextManager[Client]:
+    """A client on `dsn`, or with DL_CLUSTERS over every cluster (`dsn` the default's)."""
+    if not settings.clusters:
+        return Client.connect(dsn, settings=settings, registry=registry, pool_size=pool_size)
+    from dataloader.clusters import ClusterClient  # the workers' modules: only when needed
+
+    with_dsn = settings.model_copy(update={"db_dsn": dsn})
+    return ClusterClient.connect_all(with_dsn, registry=registry, pool_size=pool_size)
 
 
 _Result = TypeVar("_Result")
@@ -256,7 +267,7 @@ async def inspected(settings: Settings) -> AsyncIterator[tuple[Client, GuardedPo
     runs, live processes, the queue table's health), opened once the client has found the
     database reachable and migrated."""
     dsn = await queue_dsn(settings)
-    async with Client.connect(dsn, settings=settings, pool_size=2) as client:
+    async with _client(settings, dsn, 2) as client:
         timeout = settings.db_timeout_sec
         pool = await db.create_pool(
             db.libpq_dsn(dsn),

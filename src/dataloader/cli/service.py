@@ -20,6 +20,7 @@ import typer
 import uvicorn
 
 from dataloader.cli.common import fail, import_pipelines, inspected, load
+from dataloader.clusters import check_clusters
 from dataloader.config import Settings
 from dataloader.context import (
     check_database,
@@ -118,6 +119,8 @@ async def _prepare_database(settings: Settings) -> Settings:
     target = None if settings.target_dsn is None else await check_target(settings.target_dsn)
     if settings.auto_migrate:
         await run_migrations(routes.session_dsn)
+    # DL_CLUSTERS: every other cluster too; one not answering is migrated when it is joined
+    unreached = await check_clusters(settings, default_registry) if settings.clusters else []
     if settings.workers:
         await _check_destinations(dsn, settings)
     embedded = settings.asyncpg_dsn is None
@@ -158,7 +161,9 @@ async def _prepare_database(settings: Settings) -> Settings:
             settings.db_read_max_lag_sec,
             extra={"read_dsn": shown_reads},
         )
-    return settings.model_copy(update={"db_dsn": dsn, "auto_migrate": False})
+    return settings.model_copy(
+        update={"db_dsn": dsn, "auto_migrate": settings.auto_migrate and bool(unreached)}
+    )
 
 
 async def _check_destinations(dsn: str, settings: Settings) -> None:
@@ -177,6 +182,10 @@ async def _check_destinations(dsn: str, settings: Settings) -> None:
 
 
 def _hurry_workers(application: FastAPI) -> None:
+    clusters = getattr(application.state, "clusters", None)
+    if clusters is not None:  # DL_CLUSTERS: every cluster's workers
+        clusters.hurry()
+        return
     manager: WorkerManager | None = application.state.manager
     if manager is not None:
         manager.hurry()

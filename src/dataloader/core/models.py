@@ -229,6 +229,8 @@ class JobState:
     rerun_requested: bool
     #: When the current (or last) attempt started; `started_at` is the first attempt's.
     attempted_at: datetime | None = None
+    #: The cluster whose database holds it (`DL_CLUSTERS`), when read through several.
+    cluster: str | None = None
 
     @property
     def finished(self) -> bool:

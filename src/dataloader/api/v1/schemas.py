@@ -201,6 +201,10 @@ class JobStatusResponse(BaseModel):
     attempted_at: datetime | None = Field(
         default=None, description="When the current (or last) attempt started."
     )
+    cluster: str | None = Field(
+        default=None,
+        description="The PostgreSQL cluster holding the job (DL_CLUSTERS); null with one.",
+    )
 
 
 class JobFilterFields(BaseModel):
