@@ -4,8 +4,6 @@ cluster holds a queue or a namespace, and every refusal at start. No database.""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,28 +16,12 @@ from dataloader.core.clusters import DEFAULT, ClusterMap, ClusterSpec, overlap
 from dataloader.exceptions import ConfigError
 from dataloader.tasks import TaskRegistry
 
+from .settings_env import clean_environment, config_error  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.usefixtures("clean_environment")
+
 EU = "postgresql://dl:secret-eu@pg-eu:5432/dl"
 US = "postgresql://dl:secret-us@pg-us:5432/dl"
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("DL_") or name.upper() == "WORKERS_JSON":
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def settings_error(**env: str) -> str:
-    """The one line load_settings raises with `env` set."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with pytest.raises(ConfigError) as raised:
-            load_settings(_env_file=None)
-    message = str(raised.value)
-    assert "\n" not in message
-    return message
 
 
 def groups(**named: dict[str, Any]) -> str:
@@ -128,14 +110,14 @@ def test_the_setting_is_read_from_the_environment_as_json(monkeypatch: pytest.Mo
 def test_a_setting_that_would_split_a_queue_is_refused_in_one_line(
     value: str, expected: str
 ) -> None:
-    message = settings_error(DL_CLUSTERS=value)
+    message = config_error(DL_CLUSTERS=value)
     assert expected in message
     assert "secret-eu" not in message
     assert "secret-us" not in message
 
 
 def test_the_default_clusters_dsn_given_to_a_group_is_refused() -> None:
-    message = settings_error(DL_DB_DSN=EU, DL_CLUSTERS=groups(eu={"dsn": EU, "queues": ["eu.*"]}))
+    message = config_error(DL_DB_DSN=EU, DL_CLUSTERS=groups(eu={"dsn": EU, "queues": ["eu.*"]}))
     assert "DL_CLUSTERS: cluster 'eu' has the DSN of cluster 'default'" in message
     assert "secret-eu" not in message
 
@@ -143,7 +125,7 @@ def test_the_default_clusters_dsn_given_to_a_group_is_refused() -> None:
 def test_shared_slots_spanning_clusters_are_refused_naming_both_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    message = settings_error(
+    message = config_error(
         DL_CLUSTERS=groups(eu={"dsn": EU, "queues": ["eu.*"]}),
         WORKERS_JSON='[{"queues": ["etl", "eu.load"], "concurrency": 2}]',
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,24 +10,9 @@ from dataloader.cli import import_pipelines
 from dataloader.config import Scope, Settings, WorkerSpec, load_settings
 from dataloader.exceptions import ConfigError
 
+from .settings_env import clean_environment, config_error  # noqa: F401 (the fixture)
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No DL_* / WORKERS_JSON from the caller's environment, and no `.env` in the cwd."""
-    for name in list(os.environ):
-        if name.upper().startswith("DL_") or name.upper() == "WORKERS_JSON":
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def config_error(**env: str) -> str:
-    """The ConfigError message load_settings raises with `env` set (and no .env file)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with pytest.raises(ConfigError) as raised:
-            load_settings(_env_file=None)
-    return str(raised.value)
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 # --- defaults ---------------------------------------------------------------------------------

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from dataloader.config import load_settings
@@ -17,6 +14,10 @@ from dataloader.core.staleness import (
     observing_reads,
 )
 from dataloader.exceptions import ConfigError
+
+from .settings_env import clean_environment  # noqa: F401 (the fixture, used by pytestmark)
+
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def test_a_standby_that_replayed_all_the_primary_had_is_not_behind() -> None:
@@ -83,14 +84,6 @@ def test_an_answer_reports_its_stalest_read() -> None:
 
 
 # --- settings -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("DL_") or name.upper() == "WORKERS_JSON":
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
 
 
 def test_the_read_dsn_is_unset_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

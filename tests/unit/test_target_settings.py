@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from dataloader.config import load_settings
 from dataloader.exceptions import ConfigError
 
+from .settings_env import clean_environment  # noqa: F401 (the fixture, used by pytestmark)
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No DL_* / WORKERS_JSON from the caller's environment, and no `.env` in the cwd."""
-    for name in list(os.environ):
-        if name.upper().startswith("DL_") or name.upper() == "WORKERS_JSON":
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 @pytest.mark.parametrize(
