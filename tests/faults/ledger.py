@@ -156,6 +156,23 @@ async def check(
     return report
 
 
+async def most_running_at_once(conn: asyncpg.Connection) -> int:
+    """The most runs of the ledger under way at one moment (what a queue limit bounds); a
+    run's end and another's start at one instant do not count as together."""
+    most: int | None = await conn.fetchval(
+        """
+        SELECT max(under_way) FROM (
+            SELECT sum(change) OVER (ORDER BY at, change) AS under_way FROM (
+                SELECT started_at AS at, 1 AS change FROM fault_runs
+                UNION ALL
+                SELECT ended_at, -1 FROM fault_runs WHERE ended_at IS NOT NULL
+            ) AS changes
+        ) AS counts
+        """
+    )
+    return most or 0
+
+
 async def _overlaps(conn: asyncpg.Connection, killed_at: dict[int, dt.datetime]) -> list[str]:
     rows = await conn.fetch(
         "SELECT lock_key, job_id, attempt, pid, started_at, ended_at, outcome FROM fault_runs"

@@ -336,8 +336,10 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
             "failover": (marks["kill"], marks["whole"]),
             "after": (marks["whole"], marks["end"]),
         }
+        most_at_once = await ledger.most_running_at_once(scenario.conn)
         report.figures = figures = {
             "acknowledged": len(acknowledged),
+            "most_running_at_once": most_at_once,
             "switchover_to_replicas_whole_s": round(marks["recovered"] - marks["switchover"], 2),
             "kill_to_new_leader_s": round(marks["new_leader"] - marks["kill"], 2),
             "kill_to_first_job_done_s": first_done
@@ -356,6 +358,7 @@ async def test_a_switchover_then_a_lost_primary_under_load_lose_no_acknowledged_
         append_report(report)
 
         assert not report.violations(), "\n".join(report.violations())
+        assert most_at_once <= MAX_RUNNING  # the queue's limit held throughout
         assert set(count(producers.http)) <= {"200", "201", "503"}, count(producers.http)
         assert set(count(producers.library)) <= {"ok", "DatabaseUnavailable"}, count(
             producers.library
