@@ -122,15 +122,29 @@ async def _check_same_database(dsn: str, direct: str) -> None:
             finally:
                 await conn.close()
     ours, direct_one = identities
-    assert ours is not None  # a SELECT without FROM returns its row
-    assert direct_one is not None
-    if tuple(ours) != tuple(direct_one):
-        where = "" if ours["database"] != direct_one["database"] else " on another server"
-        raise ConfigError(
+    _refuse_another_database(
+        ours,
+        direct_one,
+        lambda our_database, theirs, where: (
             f"{DIRECT_DSN_VARIABLE} ({mask_dsn(direct)}) reaches database"
-            f" {direct_one['database']!r}{where}, {QUEUE_DSN_VARIABLE} ({mask_dsn(dsn)})"
-            f" database {ours['database']!r}: both must reach the same database"
-        )
+            f" {theirs!r}{where}, {QUEUE_DSN_VARIABLE} ({mask_dsn(dsn)}) database"
+            f" {our_database!r}: both must reach the same database"
+        ),
+    )
+
+
+def _refuse_another_database(
+    ours: asyncpg.Record | None,
+    theirs: asyncpg.Record | None,
+    message: Callable[[str, str, str], str],
+) -> None:
+    """ConfigError (`message(our database, theirs, " on another server" or "")`) unless both
+    identities (`queries.DATABASE_IDENTITY`) are one database."""
+    assert ours is not None  # a SELECT without FROM returns its row
+    assert theirs is not None
+    if tuple(ours) != tuple(theirs):
+        where = "" if ours["database"] != theirs["database"] else " on another server"
+        raise ConfigError(message(ours["database"], theirs["database"], where))
 
 
 #: How long closing a pool may wait for connections still in use before they are cut.
@@ -220,16 +234,15 @@ async def _check_shared_pool(pool: db.Pool, dsn: str) -> None:
     finally:
         await conn.close()
     theirs = await pool.fetchrow(queries.DATABASE_IDENTITY)
-    # a SELECT without FROM returns its row
-    assert ours is not None
-    assert theirs is not None
-    if tuple(ours) != tuple(theirs):
-        where = "" if ours["database"] != theirs["database"] else " on another server"
-        raise ConfigError(
-            f"Runner(pool=…): the pool reaches database {theirs['database']!r},"
-            f" settings.db_dsn ({mask_dsn(dsn)}) database {ours['database']!r}{where}:"
+    _refuse_another_database(
+        ours,
+        theirs,
+        lambda our_database, theirs, where: (
+            f"Runner(pool=…): the pool reaches database {theirs!r},"
+            f" settings.db_dsn ({mask_dsn(dsn)}) database {our_database!r}{where}:"
             " the pool and db_dsn must reach the same database"
-        )
+        ),
+    )
 
 
 async def _close_pool(pool: db.Pool) -> None:
