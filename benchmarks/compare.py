@@ -71,7 +71,10 @@ def prepared(name: str) -> Revision:
     if name == ".":
         label = f"{git('rev-parse', '--short=12', 'HEAD')}+worktree"
         return Revision(".", label, ROOT, Path(sys.executable))
-    commit = git("rev-parse", "--verify", f"{name}^{{commit}}")
+    try:
+        commit = git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+    except subprocess.CalledProcessError:
+        sys.exit(f"no such revision: {name!r} (a commit, tag or branch of this repository)")
     home = REVISIONS / commit[:12]
     tree, venv = home / "tree", home / "venv"
     if not (tree / "pyproject.toml").exists():

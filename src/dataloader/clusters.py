@@ -796,13 +796,25 @@ class ClusterRuntime:
         """Open cluster `name` once it answers (every JOIN_RETRY_SEC, doubling to
         JOIN_RETRY_MAX_SEC), then route to it and start its workers."""
         delay = JOIN_RETRY_SEC
+        said = ""  # the last reason logged: each new one once, not every try
         while True:
             await asyncio.sleep(delay)
             delay = min(delay * 2, JOIN_RETRY_MAX_SEC)
             try:
                 context = await self._open(name)
-            except DataloaderError as exc:  # still down, or not usable yet: try again
-                log.debug("%s", exc)
+            except Exception as exc:  # still down, or not usable yet: try again
+                reason = (
+                    f"{type(exc).__name__}: {exc}"
+                    if not isinstance(exc, DataloaderError)
+                    else str(exc)
+                )
+                if reason != said:
+                    log.warning(
+                        "not joined yet, tried again every %.0fs at most: %s",
+                        JOIN_RETRY_MAX_SEC,
+                        reason,
+                    )
+                    said = reason
                 continue
             try:
                 await _one_database_each({**self.contexts, name: context})

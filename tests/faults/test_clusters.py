@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -199,10 +200,12 @@ async def test_what_would_split_a_cluster_is_refused_at_start(
 
 
 async def test_a_cluster_down_at_start_is_joined_once_it_answers(
-    servers: tuple[PrivateServer, PrivateServer],
+    servers: tuple[PrivateServer, PrivateServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The other clusters start and run; the missing one's queues answer DatabaseUnavailable
-    until it is up, then its context opens (migrated) and its workers run its jobs."""
+    until it is up (why it is not joined yet logged once, not at every try), then its context
+    opens (migrated) and its workers run its jobs."""
+    caplog.set_level(logging.WARNING, "dataloader.clusters")
     main, eu = servers
     await eu.shut_down()
     async with Runner(settings_of(main, eu), tasks()) as dl:
@@ -215,6 +218,13 @@ async def test_a_cluster_down_at_start_is_joined_once_it_answers(
         assert isinstance((await client.statuses())["eu"], DatabaseUnavailable)
         assert "cluster 'eu'" in " ".join((await client.status()).warnings)
 
+        def not_joined() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "not joined yet" in r.getMessage()]
+
+        async def said_why() -> bool:
+            return bool(not_joined())
+
+        await wait_until(said_why, 30, "the reason the eu cluster is not joined, logged")
         await eu.start_again()
 
         async def enqueued() -> uuid.UUID | None:
@@ -228,6 +238,8 @@ async def test_a_cluster_down_at_start_is_joined_once_it_answers(
         assert (done.status, done.cluster) == (JobStatus.SUCCEEDED, "eu")
         assert await rows(eu.dsn, job_id) == 1
         assert "eu" in dl.clusters.managers  # type: ignore[union-attr]
+    (why,) = not_joined()  # the same reason at every try: said once
+    assert "cluster 'eu'" in why
 
 
 async def test_one_cluster_down_stops_only_its_queues_and_they_run_again_once_it_is_back(
