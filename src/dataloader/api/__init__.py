@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
@@ -24,7 +24,6 @@ from dataloader.api.openapi import install_openapi
 from dataloader.api.origins import CrossSiteGuard
 from dataloader.api.os_router import package_version
 from dataloader.api.os_router import router as os_router
-from dataloader.api.parameters import storable_parameters
 from dataloader.api.v1.exceptions import install_exception_handlers
 from dataloader.api.v1.processes import router as processes_router
 from dataloader.api.v1.processes import tasks_router as process_tasks_router
@@ -83,7 +82,6 @@ def create_app(
         description="PostgreSQL job queue: trigger, watch and cancel long-running jobs.",
         lifespan=lifespan,
         static_url=DOCS_ASSETS_URL,
-        dependencies=[Depends(storable_parameters)],
     )
     app.state.manager = None
     app.state.request_summary = requests

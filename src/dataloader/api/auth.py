@@ -13,22 +13,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, Response
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPBearer
 
 from dataloader.api.origins import check_json_body
+from dataloader.api.parameters import Admission, CheckedRoute, check_parameters
 from dataloader.config import ApiToken, Scope
 
 log = logging.getLogger(__name__)
-
-#: Declared in the OpenAPI schema; `auto_error=False` so that a missing token is our 401.
-_bearer = HTTPBearer(
-    auto_error=False, description="A token of DL_API_TOKENS (when authentication is on)."
-)
 
 #: Who a request is recorded as made by when authentication is off.
 UNAUTHENTICATED_ACTOR = "api"
@@ -74,20 +68,23 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
-class _Requirement:
-    """The dependency `requires` returns. It declares the bearer scheme in the OpenAPI schema;
-    `AuthorizedRoute` checks it before the body is parsed, and the dependency checks it again
-    when it runs, so that a route of another class (or a router-level requirement, which the
-    route class does not see) fails closed rather than open."""
+class _Requirement(HTTPBearer):
+    """The dependency `requires` returns. As a bearer scheme it declares itself in the OpenAPI
+    schema (one dependency per request, where a requirement depending on `HTTPBearer` would be
+    two); `AuthorizedRoute` checks it before the body is parsed, and the dependency checks it
+    again when it runs, so that a route of another class (or a router-level requirement,
+    which the route class does not see) fails closed rather than open."""
 
     def __init__(self, scope: Scope) -> None:
+        # `auto_error=False`: a missing token is our 401, not FastAPI's
+        super().__init__(
+            scheme_name="HTTPBearer",
+            description="A token of DL_API_TOKENS (when authentication is on).",
+            auto_error=False,
+        )
         self.scope = scope
 
-    async def __call__(
-        self,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> None:
+    async def __call__(self, request: Request) -> None:  # type: ignore[override]
         authorize(request, self.scope)
 
 
@@ -97,23 +94,23 @@ def requires(scope: Scope) -> Any:
     return Depends(_Requirement(scope))
 
 
-class AuthorizedRoute(APIRoute):
+class AuthorizedRoute(CheckedRoute):
     """A route of the API that checks the token its `requires` asks for first of all (a
     request without the right token learns nothing, not even whether its body would have
-    been valid), then that a change comes as JSON or without a body (`check_json_body`)."""
+    been valid), then that a change comes as JSON or without a body (`check_json_body`), then
+    its parameters (`CheckedRoute`)."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    def admission(self) -> Admission:
         needed = [
             d.dependency.scope for d in self.dependencies if isinstance(d.dependency, _Requirement)
         ]
         scope = max(needed) if needed else None
 
-        async def authorized(request: Request) -> Response:
+        def authorized(request: Request) -> None:
             if scope is not None:
                 authorize(request, scope)
             check_json_body(request)
-            return await handler(request)
+            check_parameters(request)
 
         return authorized
 
@@ -146,10 +143,15 @@ def authorize(request: Request, scope: Scope) -> None:
     request.state.actor = f"token:{token.name}"
 
 
-async def actor_of(request: Request) -> str:
+def request_actor(request: Request) -> str:
     """Who makes the request, as the journal and audit logs record it: `token:<name>` of its
     bearer token, or `api` when authentication is off."""
     return getattr(request.state, "actor", UNAUTHENTICATED_ACTOR)
+
+
+async def actor_of(request: Request) -> str:
+    """`request_actor`, as a dependency."""
+    return request_actor(request)
 
 
 #: A route's dependency: who makes the request (see `actor_of`).

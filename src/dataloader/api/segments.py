@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import quote, unquote
 
-from fastapi.routing import APIRoute
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import Match
 from starlette.types import Scope
+
+from dataloader.api.parameters import CheckedRoute
 
 #: The convertor of a segment: `{process_id:dl_segment}` in a route of `SegmentRoute`.
 SEGMENT: Final = "dl_segment"
@@ -65,7 +66,7 @@ def sent_path(scope: Scope) -> str | None:
     return path
 
 
-class SegmentRoute(APIRoute):
+class SegmentRoute(CheckedRoute):
     """A route matched on the path as sent, so that its `dl_segment` parameters may hold any
     text, `/` included (see the module's doc)."""
 

@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from dataloader.api.auth import Authenticator
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import Client
 from dataloader.dashboard import bulk, jobs, live, overview, processes, queues, signin, system
 from dataloader.dashboard.common import (
@@ -62,7 +63,9 @@ def install_dashboard(
     ):
         app.include_router(page)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
-    app.add_api_route("/favicon.ico", _favicon, include_in_schema=False)
+    app.router.add_api_route(
+        "/favicon.ico", _favicon, include_in_schema=False, route_class_override=CheckedRoute
+    )
     app.add_exception_handler(SignInRequired, _to_sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(NewSession, _new_session)
     app.add_exception_handler(StaleSession, _stale_session)  # type: ignore[arg-type]

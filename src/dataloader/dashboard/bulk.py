@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import MAX_BULK, Client
 from dataloader.config import Scope
 from dataloader.dashboard.common import (
@@ -23,7 +24,7 @@ from dataloader.dashboard.common import (
 from dataloader.dashboard.jobs import FILTERS, filters_of, list_filters
 from dataloader.dashboard.sessions import CSRF_FIELD
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 #: Jobs one page of the count reads.
 COUNT_PAGE = 1000

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dataloader import JobPage
+from dataloader.api.parameters import CheckedRoute
 from dataloader.base import JobStatus
 from dataloader.client import Client
 from dataloader.config import Scope
@@ -31,7 +32,7 @@ from dataloader.dashboard.common import (
 from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import JobNotFound, NotRetryable
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 #: Jobs a page of the list shows.
 PAGE_SIZE = 50

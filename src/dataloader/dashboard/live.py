@@ -22,6 +22,7 @@ from typing import Final
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import Client
 from dataloader.core import display
 from dataloader.core.models import JobState
@@ -36,7 +37,7 @@ from dataloader.dashboard.common import (
 from dataloader.health import SystemStatus
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 #: How often the watched jobs are read.
 READ_EVERY_SEC: Final = 1.0

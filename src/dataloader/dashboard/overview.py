@@ -11,12 +11,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import Client
 from dataloader.dashboard.charts import summary, throughput_svg
 from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, render
 from dataloader.health import SystemStatus
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 
 #: The throughput charts: (title, span, step).

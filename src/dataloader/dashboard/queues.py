@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import Client
 from dataloader.config import Scope
 from dataloader.core.models import QueueStats
@@ -23,7 +24,7 @@ from dataloader.dashboard.common import (
 from dataloader.dashboard.sessions import CSRF_FIELD
 from dataloader.exceptions import InvalidJob
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 # A queue's name may hold a slash (`etl/daily`): its paths take the API's converter of names,
 # `dl_any_text` (registered by `dataloader.api.v1.queues`, which the app imports first), which
 # leaves the actions' suffixes (`/pause`, `/resume`, `/limits`) to the actions.

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.dashboard.common import (
     PREFIX,
     PageViewer,
@@ -18,7 +19,7 @@ from dataloader.dashboard.common import (
 )
 from dataloader.dashboard.sessions import COOKIE, CSRF_FIELD
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 
 def _safe_next(path: str) -> str:

@@ -10,12 +10,13 @@ from zoneinfo import ZoneInfo
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from dataloader.api.parameters import CheckedRoute
 from dataloader.client import Client
 from dataloader.core.cron import CronState, check_timezone, idempotency_key, next_slot
 from dataloader.dashboard.common import PREFIX, PageClient, PageViewer, render
 from dataloader.health import MaintenanceState
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=CheckedRoute)
 
 
 @dataclass(frozen=True, slots=True)
