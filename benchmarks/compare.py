@@ -37,11 +37,13 @@ REVISIONS = ROOT / ".bench-revisions"
 RESULTS = ROOT / "benchmarks" / "results"
 
 #: The hot paths compared by default: the drain lock-free and keyed (the spec's rows through the
-#: service), the HTTP trigger and its trigger-to-started latency, one key's chain, process calls.
+#: service), the HTTP trigger (and what one costs the service's process), its
+#: trigger-to-started latency, one key's chain, process calls.
 DEFAULT_PHASES = (
     "drain_c10",
     "service_drain",
     "http_trigger",
+    "trigger_cost",
     "http_latency",
     "serial_chain",
     "process_calls",
@@ -117,7 +119,7 @@ def direction(measure: str) -> int:
     describes the workload rather than measures it (counts, sizes)."""
     if measure.endswith("_per_s"):
         return 1
-    if measure.endswith(("_ms", "_us_per_job", "_us_per_job_with_enqueue")):
+    if measure.endswith(("_ms", "_us_per_job", "_us_per_job_with_enqueue", "_per_trigger")):
         return -1
     return 0
 

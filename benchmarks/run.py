@@ -581,6 +581,95 @@ async def _medians(b: Bench, once: Callable[[], Awaitable[dict[str, Any]]]) -> d
     return result | {"rounds": rounds}
 
 
+@phase("trigger_cost")
+async def trigger_cost(b: Bench) -> dict[str, Any]:
+    """What one HTTP trigger costs the service's process, in it: the application called
+    through ASGI (no socket, no client in the process's CPU), as `http_trigger` calls it. The
+    process's CPU per trigger from 32 callers at once (the median of 5 runs of 2,000), and
+    the Python calls per trigger (one at a time, 200): a count that the machine's noise does
+    not move, so that a change of a few per cent shows between two revisions."""
+    settings = b.settings(workers=[], allow_unknown_tasks=True)
+    app = create_app(settings, TaskRegistry(), run_workers=False)
+    requests = b.n(2000)
+    async with app.router.lifespan_context(app):
+        trigger = _asgi_trigger(app)
+        for i in range(200):  # warm-up: connections opened, caches filled
+            await trigger(f"warm-{i}")
+        rounds = []
+        for r in range(5):
+            keys = iter(range(requests))
+
+            async def caller(r: int = r, keys: Any = keys) -> None:
+                for i in keys:
+                    await trigger(f"cost-{r}-{i}")
+
+            cpu = time.process_time()
+            await asyncio.gather(*(caller() for _ in range(32)))
+            rounds.append((time.process_time() - cpu) / requests * 1e6)
+        calls = 0
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            nonlocal calls
+            if event in ("call", "c_call"):
+                calls += 1
+
+        sys.setprofile(count)
+        try:
+            for i in range(200):
+                await trigger(f"counted-{i}")
+        finally:
+            sys.setprofile(None)
+    return {
+        "requests": requests,
+        "cpu_us_per_trigger": statistics.median(rounds),
+        "python_calls_per_trigger": calls / 200,
+    }
+
+
+def _asgi_trigger(app: Any) -> Callable[[str], Awaitable[None]]:
+    """A trigger of a no-op job with lock_key `key`, through `app`'s ASGI interface as a
+    server would call it; RuntimeError unless answered 200."""
+
+    async def trigger(key: str) -> None:
+        body = json.dumps({"queue": "http", "task": "noop", "lock_key": key}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        answered: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # a disconnect never comes: the request is whole
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answered.append(message["status"])
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/api/v1/jobs/trigger",
+            "raw_path": b"/api/v1/jobs/trigger",
+            "root_path": "",
+            "query_string": b"",
+            "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 50000),
+            "headers": [
+                (b"host", b"bench"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+        await app(scope, receive, send)
+        if answered != [200]:
+            raise RuntimeError(f"the trigger answered {answered}")
+
+    return trigger
+
+
 @phase("http_trigger")
 async def http_trigger(b: Bench) -> dict[str, Any]:
     """Triggers from 32 keep-alive connections to one service process without workers."""
