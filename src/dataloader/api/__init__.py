@@ -86,7 +86,10 @@ def create_app(
     app.state.manager = None
     app.state.request_summary = requests
     app.state.authenticator = Authenticator(settings.api_tokens)
-    app.add_middleware(ReadFreshnessMiddleware)
+    if settings.db_read_dsn is not None:
+        # only a standby serves reads that may be stale: without one, no answer says where
+        # it read (and no request pays for watching)
+        app.add_middleware(ReadFreshnessMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.http_max_body_bytes)
     if settings.http_allowed_origins:
         # the front-ends allowed to change things may read the answers too
