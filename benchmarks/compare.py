@@ -20,6 +20,7 @@ latency or CPU cost more than 5 % higher.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -69,30 +70,41 @@ def git(*args: str, cwd: Path = ROOT) -> str:
 
 
 def prepared(name: str) -> Revision:
-    """`name` checked out and installed (once: later runs reuse both); `.` is this checkout."""
+    """`name` checked out and installed (once: later runs reuse both); `.` is this checkout,
+    installed alike in a virtual environment of its own (kept while its pyproject.toml stays
+    the same), so that both sides run with the same kind of interpreter and packages: not
+    this checkout's development environment, whose extra packages a measure could feel."""
     if name == ".":
         label = f"{git('rev-parse', '--short=12', 'HEAD')}+worktree"
-        return Revision(".", label, ROOT, Path(sys.executable))
+        digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]
+        python = installed(ROOT, REVISIONS / f"checkout-{digest}" / "venv", "this checkout")
+        return Revision(".", label, ROOT, python)
     try:
         commit = git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
     except subprocess.CalledProcessError:
         sys.exit(f"no such revision: {name!r} (a commit, tag or branch of this repository)")
     home = REVISIONS / commit[:12]
-    tree, venv = home / "tree", home / "venv"
+    tree = home / "tree"
     if not (tree / "pyproject.toml").exists():
         home.mkdir(parents=True, exist_ok=True)
         git("worktree", "add", "--force", "--detach", str(tree), commit)
+    python = installed(tree, home / "venv", f"{name} ({commit[:12]})")
+    return Revision(name, commit[:12], tree, python)
+
+
+def installed(tree: Path, venv: Path, label: str) -> Path:
+    """The interpreter of `venv`, where `tree` is installed (once), with what the harness
+    needs beside it: httpx (HTTP phases)."""
     python = venv / "bin" / "python"
     if not (venv / "installed").exists():
-        print(f"… installing {name} ({commit[:12]}) in {venv}", file=sys.stderr, flush=True)
+        print(f"… installing {label} in {venv}", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        # the harness's own needs beside the revision's: httpx (HTTP phases)
         subprocess.run(
             [str(python), "-m", "pip", "install", "--quiet", "-e", str(tree), "httpx"],
             check=True,
         )
         (venv / "installed").touch()
-    return Revision(name, commit[:12], tree, python)
+    return python
 
 
 def measure(rev: Revision, phases: list[str], args: argparse.Namespace) -> dict[str, Any]:
