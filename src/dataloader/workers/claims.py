@@ -112,8 +112,8 @@ class QueueClaims:
     def __init__(self, queue: str, runtime: WorkerRuntime) -> None:
         self.queue = queue
         self._rt = runtime
-        #: Claim statements started and answered (one at a time: the n-th answered is the n-th
-        #: started), for operators and tests.
+        #: Claim rounds started and answered, or failed (one at a time: the n-th answered is
+        #: the n-th started; none in flight when they are equal), for operators and tests.
         self.started = 0
         self.answered = 0
         #: How many jobs the next claim walks at least (see MAX_WALK).
@@ -126,22 +126,28 @@ class QueueClaims:
         """One round started at `now` (monotonic): up to `wanted` jobs, that fill `slots` free
         slots at most (None: any number) as the worker runs them: a job of a one-job task
         fills one, up to `batch_size` jobs of one batched task fill one together."""
+        # counted from the start of the round, its put-back included: a round decided before
+        # something changed (a pace, a limit) is in flight from here on
+        self.started += 1
         try:
-            put_back = await self._put_back_due(now)
-            self.started += 1
-            started = time.perf_counter()
-            with metrics.of(metrics.CLAIM_DURATION, self.queue).time():
-                claim = await self._rt.protocol.claim_round(
-                    self.queue,
-                    wanted,
-                    self._rt.worker_id,
-                    walk=max(wanted, self._walk),
-                    slots=slots,
-                    batch_sizes={
-                        t.name: t.batch_size for t in self._rt.registry.tasks() if t.batch_size > 1
-                    },
-                )
-            self.answered += 1
+            try:
+                put_back = await self._put_back_due(now)
+                started = time.perf_counter()
+                with metrics.of(metrics.CLAIM_DURATION, self.queue).time():
+                    claim = await self._rt.protocol.claim_round(
+                        self.queue,
+                        wanted,
+                        self._rt.worker_id,
+                        walk=max(wanted, self._walk),
+                        slots=slots,
+                        batch_sizes={
+                            t.name: t.batch_size
+                            for t in self._rt.registry.tasks()
+                            if t.batch_size > 1
+                        },
+                    )
+            finally:
+                self.answered += 1  # or failed: no longer in flight either way
             if claim.jobs:
                 _time_process_scans(claim.jobs, time.perf_counter() - started)
             # armed from the claim's answer, which came after the database read its clock:
