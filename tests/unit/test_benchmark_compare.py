@@ -34,6 +34,8 @@ compare = _compare()
         ("p99_ms", -1),
         ("server_cpu_us_per_job", -1),
         ("server_cpu_us_per_job_with_enqueue", -1),
+        ("cpu_us_per_trigger", -1),
+        ("python_calls_per_trigger", -1),
         ("jobs", 0),
         ("clients", 0),
     ],
