@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -23,6 +24,7 @@ from dataloader.config import Settings
 from dataloader.context import run_migrations
 from dataloader.core.staleness import Freshness, observing_reads
 from dataloader.storage import replica
+from dataloader.storage.connections import GuardedPool
 
 from ..engines.standby import StandbyPair, standby_pair  # noqa: F401 - the fixture
 from .helpers import wait_until
@@ -323,3 +325,42 @@ async def test_a_read_dsn_naming_the_primary_is_served_without_a_word(
                 assert [j.job_id for j in (await client.list(queue=QUEUE)).jobs] == [job.job_id]
             assert seen.freshness == Freshness("replica", 0.0)
     assert caplog.records == []
+
+
+async def test_a_read_the_standby_fails_is_served_by_the_primary_that_once(
+    standby_pair: StandbyPair,  # noqa: F811
+    database: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read the standby refuses with an error of its own (here: asking a server in recovery
+    for its WAL position, which only a primary answers) is read again on the primary, said as
+    `primary; fallback=error`, warned of once; the next read goes to the standby again."""
+    pool = await asyncpg.create_pool(standby_pair.primary_dsn(database), min_size=1, max_size=2)
+    reads = replica.Replica(
+        standby_pair.standby_dsn(database), GuardedPool(pool), max_lag_sec=60, timeout=10
+    )
+
+    async def position(connections: Any) -> str:
+        async with connections.connection() as conn:
+            return str(await conn.fetchval("SELECT pg_current_wal_lsn()::text"))
+
+    async def in_recovery(connections: Any) -> bool:
+        async with connections.connection() as conn:
+            return bool(await conn.fetchval("SELECT pg_is_in_recovery()"))
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dataloader.storage.replica"):
+            for _ in range(2):
+                with observing_reads() as seen:
+                    assert await reads.read(position)  # answered by the primary
+                assert seen.freshness == Freshness("primary", fallback="error")
+            with observing_reads() as seen:
+                assert await reads.read(in_recovery) is True  # the standby serves again
+            assert seen.freshness is not None
+            assert seen.freshness.source == "replica"
+    finally:
+        await reads.close()
+        await pool.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings  # once, not at every failed read
+    assert "failed a read (recovery is in progress" in warnings[0]
