@@ -27,8 +27,10 @@ is left to expire and the reaper decides. When the process stops, a write still 
 given up once the job's lease has run out by this process's clock (the reaper decides then) or
 at once after a second stop signal (one whose row another session holds, after a few passes).
 
-The lock is released before the status is written: a job waiting on the same lock_key is not
-claimable until the status write, and then finds the key free (no needless backoff).
+A flush releases its jobs' advisory locks (on the lock connection) while it writes their
+outcomes: the two round trips overlap. The release is the shorter statement, so a job waiting on
+the same lock_key, not claimable until the status write, finds the key free; one claimed before
+the release landed backs off without delay (its key's holder is found to be nobody).
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ class Completer:
             delay = min(delay * 2, RETRY_MAX_SEC)
 
     async def _write(self, batch: list[_Pending]) -> list[_Pending]:
-        """Unlock, then write every outcome in one statement; returns those to try again (a
+        """Unlock while writing every outcome in one statement; returns those to try again (a
         write that failed, a row held elsewhere, a job that kept changing, and a second outcome
         of one job: a statement names each job once).
 
@@ -205,7 +207,17 @@ class Completer:
         written one by one: one outcome the database refuses (an operator's trigger, a bug)
         must not hold up the others, nor count towards their MAX_WRITE_ERRORS, after which
         they would be given up to the reaper and run again."""
-        await self._unlock(batch)
+        locked = [p for p in batch if not p.unlocked]
+        for p in locked:
+            p.unlocked = True
+        unlocking = asyncio.create_task(self._unlock(locked)) if locked else None
+        try:
+            return await self._write_outcomes(batch)
+        finally:
+            if unlocking is not None:
+                await unlocking
+
+    async def _write_outcomes(self, batch: list[_Pending]) -> list[_Pending]:
         todo, later = _one_per_job(batch)
         try:
             return later + await self._write_rounds(todo)
@@ -333,19 +345,15 @@ class Completer:
         task = self._rt.registry.get(pending.running.job.task)
         return decide(pending.outcome, facts, task, self._default_retry)
 
-    async def _unlock(self, batch: list[_Pending]) -> None:
-        """Release the advisory locks of jobs not yet unlocked, in one round trip. A failure
-        leaves nothing to retry: the hashes are no longer reserved in this process, a lost
-        connection took its locks with it, and the lock holder's audit releases any lock the
-        server still holds for none of our jobs."""
-        todo = [p for p in batch if not p.unlocked]
-        for p in todo:
-            p.unlocked = True
-        if todo:
-            try:
-                await self._rt.locks.unlock(p.running.job.lock_hash for p in todo)
-            except Exception as exc:
-                log.warning("could not release %d advisory lock(s): %r", len(todo), exc)
+    async def _unlock(self, locked: list[_Pending]) -> None:
+        """Release the advisory locks of `locked`, in one round trip. A failure leaves nothing
+        to retry: the hashes are no longer reserved in this process, a lost connection took
+        its locks with it, and the lock holder's audit releases any lock the server still
+        holds for none of our jobs."""
+        try:
+            await self._rt.locks.unlock(p.running.job.lock_hash for p in locked)
+        except Exception as exc:
+            log.warning("could not release %d advisory lock(s): %r", len(locked), exc)
 
     def _written(
         self, pending: _Pending, written: Transition | None, collision: bool = False

@@ -39,7 +39,7 @@ class RunningJob:
 
     job: ClaimedJob
     state: RunState = field(default_factory=RunState)
-    #: It holds its lock_key's advisory lock (released before its outcome is written).
+    #: It holds its lock_key's advisory lock (released as its outcome is written).
     locked: bool = False
 
     def __post_init__(self) -> None:
