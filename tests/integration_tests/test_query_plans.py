@@ -588,3 +588,71 @@ async def test_the_sweep_of_stranded_jobs_skips_from_queue_to_queue_of_each_key(
     pairs = [n for n in scans if n.get("Index Name") == "ix_dl_jobs_parked_lock_hash"]
     assert pairs, plan
     assert sum(n["Actual Rows"] * n["Actual Loops"] for n in pairs) <= 4, plan
+
+
+async def test_a_statement_longer_than_asyncpgs_default_stays_prepared(db_dsn: str) -> None:
+    """The finish of a durable process's step is longer than asyncpg's default limit of what
+    it keeps prepared: unnamed, it was parsed and planned again at every call."""
+    long = "SELECT $1::int + 1 AS n -- " + "x" * len(FINISH_TASKS.sql) + "\n"
+    conn = await db.connect(db_dsn, "dl-test-cache")
+    pool = await db.new_pool(db_dsn, 1, "dl-test-cache")
+    try:
+        for source in (conn, pool):
+            for n in range(3):
+                assert await source.fetchval(long, n) == n + 1
+            prepared = await source.fetchval(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", long
+            )
+            assert prepared == 1
+    finally:
+        await conn.close()
+        await pool.close()
+
+
+@pytest.mark.parametrize("name", ["set_job_states", "finish_jobs", "finish_tasks"])
+async def test_an_outcome_reads_its_jobs_by_primary_key_in_a_generic_plan(
+    db_dsn: str, name: str
+) -> None:
+    """A write of outcomes is prepared once and run with a generic plan. Statistics taken while
+    the queue was small must not make that plan hash every job of the table to find the few it
+    writes (as it did, to 1,000 jobs read per outcome written, with a few thousand queued)."""
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute("ALTER TABLE dl_jobs SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE dl_jobs")  # empty
+        await conn.execute(
+            "INSERT INTO dl_jobs (job_id, queue, task, lock_key) "
+            "SELECT gen_random_uuid(), 'q', 't', 'key-' || i FROM generate_series(1, 5000) i"
+        )
+        token = uuid.uuid4()
+        job_id = await conn.fetchval(
+            "UPDATE dl_jobs SET status = 'running', attempt = 1, claim_token = $1"
+            " WHERE job_id = (SELECT job_id FROM dl_jobs LIMIT 1) RETURNING job_id",
+            token,
+        )
+        facts = JobFacts(JobStatus.RUNNING, attempt=1, max_attempts=5)
+        transition = after_attempt(Outcome(Ended.SUCCEEDED), facts, Linear())
+        arrays = parameters_of([(Fence(job_id, facts, token), transition)])
+        common = {"actor_role": "worker", "actor": "w"}
+        finish = common | {"wakes_own_queue": True, "hand_off": [], "claim_seed": uuid.uuid4()}
+        saves = save_values([])
+        statement = {
+            "set_job_states": queries.SET_JOB_STATES.bind(**arrays, **common),
+            "finish_jobs": queries.FINISH_JOBS.bind(**arrays, **finish),
+            "finish_tasks": FINISH_TASKS.bind(**arrays, **finish, **saves),
+        }[name]
+    finally:
+        await conn.close()
+    # a connection of its own: the scans counted are this statement's alone
+    conn = await db.connect(db_dsn, "test-plans")
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        async with conn.transaction():
+            rows = await conn.fetch(*statement)
+            scans = await conn.fetchval(
+                "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'dl_jobs'::regclass"
+            )
+    finally:
+        await conn.close()
+    assert [r["state"] for r in rows] == ["written"]
+    assert scans == 0

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
-from dataloader.storage import queries
+from dataloader import storage
+from dataloader.storage import db, queries
 from dataloader.storage.statement import Statement
 
 QUERIES_PY = Path(queries.__file__)
@@ -179,3 +182,31 @@ def test_no_statement_leaves_a_parameter_like_token(name: str) -> None:
 def test_no_statement_is_written_with_positional_parameters(name: str) -> None:
     source = _SKIPPED.sub("", statement_sources()[name])
     assert not re.search(r"\$\d", source)
+
+
+# --- every statement stays prepared -------------------------------------------------------------
+
+
+def _storage_statements() -> dict[str, Statement]:
+    found = {}
+    for info in pkgutil.iter_modules(storage.__path__):
+        module = importlib.import_module(f"dataloader.storage.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, Statement):
+                found[f"{info.name}.{name}"] = value
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(item, Statement):
+                        found[f"{info.name}.{name}[{key!r}]"] = item
+    return found
+
+
+def test_every_statement_fits_in_the_prepared_statement_cache() -> None:
+    statements = _storage_statements()
+    assert "processes.FINISH_TASKS" in statements  # the longest, beyond asyncpg's default
+    too_long = {
+        name: len(s.sql)
+        for name, s in statements.items()
+        if len(s.sql) > db.MAX_CACHEABLE_STATEMENT_BYTES
+    }
+    assert too_long == {}

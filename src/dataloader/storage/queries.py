@@ -949,7 +949,8 @@ WITH u AS (
     -- `mine` did not lock (the answer's `busy`: the id is t's, so that this test is made
     -- before the row is looked up, not after)
     SELECT t.job_id FROM dl_jobs j JOIN t ON j.job_id = t.job_id
-    WHERE j.status::text = t.expect_status
+    WHERE j.job_id = ANY(:job_ids::uuid[])  -- by the primary key (see `mine`)
+      AND j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
       AND (NOT t.expect_expired OR j.lease_expires_at < now()
            OR EXISTS (SELECT 1 FROM dl_workers w
@@ -966,7 +967,10 @@ WITH u AS (
            j.attempt = t.expect_attempt AND j.cancel_requested = t.expect_cancel
                AND j.rerun_requested = t.expect_rerun AS fenced
     FROM dl_jobs j JOIN t ON j.job_id = t.job_id
-    WHERE j.status::text = t.expect_status
+    -- by the primary key, whatever the planner guesses of the arrays' length or of a table
+    -- analyzed while it was small: a generic plan of the join alone hashed every job
+    WHERE j.job_id = ANY(:job_ids::uuid[])
+      AND j.status::text = t.expect_status
       AND (t.expect_token IS NULL OR j.claim_token = t.expect_token)
       AND (NOT t.expect_expired OR j.lease_expires_at < now()
            OR EXISTS (SELECT 1 FROM dl_workers w
